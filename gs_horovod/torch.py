@@ -1,0 +1,245 @@
+"""GsSketch for ``horovod.torch``: gs-SGD as a Horovod compressor.
+
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=GsSketch)            # defaults
+    ...                            compression=GsSketch(ratio=0.001, rows=5, exact=True)
+
+How it plugs into Horovod 0.28.1 (``horovod/torch/optimizer.py``): for each gradient the
+optimizer calls ``compress(p.grad)``, allreduces (averages) the returned tensor under the
+parameter's name, then in ``synchronize()`` calls ``decompress(result, ctx)`` and sets
+``p.grad`` to what it returns. ``compress`` returns the Count-Sketch of the error-fed
+gradient, so Horovod's allreduce merges sketches; ``decompress`` finds the heavy hitters.
+
+Per-parameter state (residual, momentum, step) is keyed by the parameter's name in the
+``DistributedOptimizer`` that calls us, found once from the calling frame and then by
+``p.grad is tensor``. Keys therefore survive ``zero_grad(set_to_none=True)`` (new grad
+tensors each step), parameters without gradients in some steps (Horovod submits zeros for
+them) and ``backward_passes_per_step > 1`` (Horovod compresses once, after the last pass).
+
+The exact second round is one allreduce per step of all selected values, issued at the last
+``decompress`` of the step in name order, so every rank issues it identically whatever order
+Horovod hands the tensors back in; tensors returned earlier in the step are filled in place
+(they already are ``p.grad``'s storage) before ``synchronize()`` returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from horovod.torch.compression import Compressor
+
+from .gs_sgd import CommStats, GsConfig, GsSgd, Selection
+from .kernels import torch_ops
+
+
+class TorchOps:
+    """:class:`gs_horovod.sketch.ArrayOps` for torch tensors, with the chosen sketch kernels."""
+
+    def __init__(self, backend: str = "auto") -> None:
+        self.backend = backend
+
+    def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+
+    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
+        torch_ops.accumulate(self.backend, table, vec.contiguous(), keys, offset)
+        return table
+
+    def sketch_query(self, table: torch.Tensor, keys: np.ndarray, offset: int, length: int) -> torch.Tensor:
+        out = torch.empty(length, dtype=torch.float32, device=table.device)
+        torch_ops.query(self.backend, table.contiguous(), keys, offset, out)
+        return out
+
+    def top_abs(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        return torch.topk(x.abs(), k, sorted=False).indices.sort().values
+
+    def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x[idx]
+
+    def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        return x.index_add_(0, idx, vals, alpha=-1)
+
+    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.float32, device=vals.device).index_copy_(0, idx, vals)
+
+
+@dataclass
+class _Pending:
+    name: str
+    selection: Selection
+    out: torch.Tensor  # the tensor decompress returned; becomes p.grad's storage
+
+
+@dataclass
+class _Binding:
+    """gs-SGD state for the parameters of one DistributedOptimizer."""
+
+    optimizer: Any
+    engine: GsSgd
+    params: list[tuple[str, torch.nn.Parameter]]
+    ranks_in_sum: int
+    in_flight: int = 0
+    pending: list[_Pending] = field(default_factory=list)
+    _successor: dict[int, int] = field(default_factory=dict)
+    _last: int = -1
+
+    def name_of(self, grad: torch.Tensor) -> str:
+        """The name of the parameter whose ``.grad`` is ``grad``: the parameter that followed
+        the previous one last time is tried first, so a static graph costs O(1) per call."""
+        guess = self._successor.get(self._last)
+        if guess is None or self.params[guess][1].grad is not grad:
+            guess = next((i for i, (_, p) in enumerate(self.params) if p.grad is grad), None)
+            if guess is None:
+                raise KeyError(
+                    f"GsSketch: a tensor of shape {tuple(grad.shape)} is not the .grad of any "
+                    "parameter of the DistributedOptimizer that compresses it"
+                )
+            self._successor[self._last] = guess
+        self._last = guess
+        return self.params[guess][0]
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    binding: _Binding
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    sketched: bool
+
+
+class _DefaultInstanceMethod:
+    """A method that, looked up on the class itself, runs on the class's default instance,
+    so ``compression=GsSketch`` (the class, as Horovod's own compressors are passed) works."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __get__(self, obj: Any, cls: type) -> Any:
+        return self.fn.__get__(obj if obj is not None else cls.default(), cls)
+
+
+class GsSketch(Compressor):
+    """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
+
+    Floating-point gradients of at least ``min_size`` elements are sketched (in float32,
+    whatever their dtype); others are allreduced as they are. ``stats`` counts the bytes this
+    rank hands to collectives.
+    """
+
+    _default: Optional["GsSketch"] = None
+
+    def __init__(self, **options: Any) -> None:
+        allowed = {f.name for f in fields(GsConfig)}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed)}")
+        self.config = GsConfig(**options)
+        self.ops = TorchOps(self.config.backend)
+        self.stats = CommStats()
+        self._bindings: dict[int, _Binding] = {}
+
+    @classmethod
+    def default(cls) -> "GsSketch":
+        """The instance used when the class itself is passed as ``compression``."""
+        if cls.__dict__.get("_default") is None:
+            cls._default = cls()
+        return cls._default
+
+    def __repr__(self) -> str:
+        return f"GsSketch({self.config})"
+
+    @_DefaultInstanceMethod
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
+        """Returns (payload, ctx): the float32 sketch table (rows, cols) of the error-fed
+        gradient, or the dense tensor itself when it is not compressed (ctx None)."""
+        if tensor.is_sparse or not tensor.is_floating_point() or tensor.numel() < self.config.min_size:
+            self.stats.dense_bytes += tensor.numel() * tensor.element_size()
+            return tensor, None
+        binding = self._binding()
+        if binding.pending and binding.in_flight == 0:
+            raise RuntimeError("GsSketch: a new step started before the last one was decompressed")
+        name = binding.name_of(tensor)
+        sketched = binding.engine.uses_sketch(name)
+        payload = binding.engine.encode(name, tensor.detach().reshape(-1).float())
+        binding.in_flight += 1
+        if sketched:
+            self.stats.sketch_bytes += payload.numel() * 4
+        else:
+            self.stats.dense_bytes += payload.numel() * 4
+        return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, sketched)
+
+    @_DefaultInstanceMethod
+    def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
+        """Returns a new tensor of the gradient's shape, dtype and device: the merged top-k
+        update (or the dense mean during warm-up, or ``tensor`` when it was not compressed)."""
+        if ctx is None:
+            return tensor
+        binding = ctx.binding
+        binding.in_flight -= 1
+        if not ctx.sketched:
+            out = tensor.view(ctx.shape).to(ctx.dtype)
+        else:
+            selection = binding.engine.select(ctx.name, tensor)
+            if binding.engine.config.exact:
+                out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=tensor.device)
+                binding.pending.append(_Pending(ctx.name, selection, out))
+            else:
+                update = binding.engine.apply(ctx.name, selection, selection.estimates, binding.ranks_in_sum)
+                out = update.view(ctx.shape).to(ctx.dtype)
+        if binding.in_flight == 0:
+            self._finish_step(binding)
+        return out
+
+    def _finish_step(self, binding: _Binding) -> None:
+        """Last decompress of the step: one exact-round allreduce for every pending tensor."""
+        self.stats.steps += 1
+        if not binding.pending:
+            return
+        pending = sorted(binding.pending, key=lambda p: p.name)
+        binding.pending = []
+        local = torch.cat([p.selection.local for p in pending])
+        self.stats.exact_bytes += local.numel() * 4
+        opt = binding.optimizer
+        exact = hvd.allreduce(local, name="gs_horovod.exact", op=opt.op, process_set=opt.process_set)
+        for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
+            update = binding.engine.apply(p.name, p.selection, values, binding.ranks_in_sum)
+            p.out.copy_(update.view(p.out.shape))
+
+    def _binding(self) -> _Binding:
+        """The state of the DistributedOptimizer that is calling ``compress``."""
+        optimizer = _calling_optimizer(self)
+        binding = self._bindings.get(id(optimizer))
+        if binding is None or binding.optimizer is not optimizer:
+            if optimizer.op not in (hvd.Average, hvd.Sum):
+                raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
+            params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
+            ranks = optimizer.process_set.size() if optimizer.op == hvd.Sum else 1
+            binding = _Binding(optimizer, GsSgd(self.config, self.ops), params, ranks)
+            self._bindings[id(optimizer)] = binding
+        return binding
+
+
+def _calling_optimizer(compressor: GsSketch) -> Any:
+    """The Horovod DistributedOptimizer up the stack whose ``_compression`` is ``compressor``
+    (or its class). Horovod does not pass the parameter to ``compress``; its optimizer's
+    ``_allreduce_grad_async(self, p)`` / ``_grouped_allreduce_grad_async`` are our callers."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("self")
+        owner = getattr(candidate, "_compression", None)
+        if (owner is compressor or owner is type(compressor)) and hasattr(candidate, "_parameter_names"):
+            return candidate
+        frame = frame.f_back
+    raise RuntimeError(
+        "GsSketch compresses gradients inside hvd.DistributedOptimizer(..., compression=GsSketch); "
+        "it was called from elsewhere (e.g. hvd.allreduce), where it cannot tell which "
+        "parameter a tensor belongs to and so cannot keep its error-feedback residual"
+    )

@@ -1,0 +1,70 @@
+"""Count-Sketch kernels for the CPU, compiled by Numba (``@njit(parallel=True)``).
+
+Arrays are NumPy (torch CPU tensors are passed as zero-copy ``.numpy()`` views).
+``accumulate`` runs one thread per row, so no two threads write the same cell; ``query`` runs
+threads over blocks of coordinates, each writing only its own outputs. Sums within a row run
+in coordinate order, so the table is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .hashing import element_hash
+
+_hash = njit(inline="always", cache=True)(element_hash)
+_QUERY_BLOCK = 4096
+
+
+@njit(parallel=True, cache=True)
+def accumulate(table: np.ndarray, vec: np.ndarray, keys: np.ndarray, offset: int) -> None:
+    """table[j, bucket_j(offset+i)] += sign_j(offset+i) * vec[i] for every row j and i < len(vec).
+
+    table: (rows, cols) float32, updated in place; vec: (n,) float32; keys: (rows,) int64.
+    """
+    rows, cols = table.shape
+    ucols = np.uint64(cols)
+    n = vec.shape[0]
+    for j in prange(rows):
+        key = np.uint64(keys[j])
+        for i in range(n):
+            h = _hash(np.uint64(offset + i), key)
+            b = (h * ucols) >> np.uint64(32)
+            if h & np.uint64(1):
+                table[j, b] -= vec[i]
+            else:
+                table[j, b] += vec[i]
+
+
+@njit(inline="always", cache=True)
+def _median_sorted(buf: np.ndarray, rows: int) -> np.float32:
+    for a in range(1, rows):  # insertion sort: rows is small (1-15)
+        v = buf[a]
+        b = a - 1
+        while b >= 0 and buf[b] > v:
+            buf[b + 1] = buf[b]
+            b -= 1
+        buf[b + 1] = v
+    if rows % 2 == 1:
+        return buf[rows // 2]
+    return (buf[rows // 2 - 1] + buf[rows // 2]) * np.float32(0.5)
+
+
+@njit(parallel=True, cache=True)
+def query(table: np.ndarray, keys: np.ndarray, offset: int, out: np.ndarray) -> None:
+    """out[i] = median_j sign_j(offset+i) * table[j, bucket_j(offset+i)]; out: (n,) float32."""
+    rows, cols = table.shape
+    ucols = np.uint64(cols)
+    n = out.shape[0]
+    nblocks = (n + _QUERY_BLOCK - 1) // _QUERY_BLOCK
+    for blk in prange(nblocks):
+        buf = np.empty(rows, dtype=np.float32)
+        stop = min(n, (blk + 1) * _QUERY_BLOCK)
+        for i in range(blk * _QUERY_BLOCK, stop):
+            g = np.uint64(offset + i)
+            for j in range(rows):
+                h = _hash(g, np.uint64(keys[j]))
+                v = table[j, (h * ucols) >> np.uint64(32)]
+                buf[j] = -v if h & np.uint64(1) else v
+            out[i] = _median_sorted(buf, rows)
