@@ -70,15 +70,25 @@ def torch_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.T
             out[start:stop] = (est[rows // 2 - 1] + est[rows // 2]) * 0.5
 
 
+def _numba_threads() -> None:
+    """Numba's CPU kernels use as many threads as torch's intra-op pool (``torch.set_num_threads``),
+    so ranks sharing a host are not oversubscribed by Numba's default of one thread per core."""
+    import numba
+
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
 def _numba_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:
     from . import numba_cpu
 
+    _numba_threads()
     numba_cpu.accumulate(table.numpy(), vec.numpy(), keys, offset)
 
 
 def _numba_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
     from . import numba_cpu
 
+    _numba_threads()
     numba_cpu.query(table.numpy(), keys, offset, out.numpy())
 
 
