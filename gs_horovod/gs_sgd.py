@@ -10,10 +10,13 @@ For each compressed tensor (flattened to d float32 coordinates) and step t::
     v_t   = mean over ranks of a_t[I_t]       (exact: a second, k-sized allreduce) or
             query(S̄_t)[I_t]                  (estimate: no second round)
     Δ_t   = v_t scattered into zeros(d)       (the update the optimizer sees)
-    e_t   = a_t − sent_t,  sent_t[I_t] = a_t[I_t] (exact) or v_t (estimate), 0 elsewhere
+    e_t   = a_t with e_t[I_t] = 0            (this rank's a_t[I_t] went into the merge)
     u_t[I_t] = 0                              (momentum factor masking, only when m > 0)
 
-So Σ_ranks e_t + P·Δ_t = Σ_ranks a_t exactly: nothing is lost, only delayed. During the first
+So Σ_ranks e_t + Σ_ranks a_t[I_t] = Σ_ranks a_t exactly, and with the exact round
+P·Δ_t = Σ_ranks a_t[I_t]: nothing is lost, only delayed. Without it Δ_t carries the sketch's
+estimation error on I_t instead. (Subtracting the estimate instead of zeroing, so that the
+error stays in the residual, diverged in our tests when estimates were noisy.) During the first
 ``warmup_steps`` steps of a tensor, a_t itself is the payload (a dense mean) and e_t = 0.
 """
 
@@ -179,14 +182,12 @@ class GsSgd:
         idx, est = sketch.heavy_hitters(self.config.k_for(d), d)
         return Selection(idx, est, self.ops.take(st.residual, idx))
 
-    def apply(self, name: str, selection: Selection, values: Array, ranks_in_sum: int = 1) -> Array:
-        """Returns the update Δ (d,) f32 holding ``values`` at the selected indices, and removes
-        what this rank sent from its residual: a_t[I] with the exact round, else its share of
-        ``values`` (``values / ranks_in_sum``; 1 when the collective averages, P when it sums)."""
+    def apply(self, name: str, selection: Selection, values: Array) -> Array:
+        """Returns the update Δ (d,) f32 holding ``values`` at the selected indices; this rank's
+        a_t[I] went into the merge, so it leaves the residual (and the momentum buffer)."""
         st = self.states[name]
         d = int(st.residual.shape[0])
-        sent = selection.local if self.config.exact else (values if ranks_in_sum == 1 else values / ranks_in_sum)
-        st.residual = self.ops.scatter_sub(st.residual, selection.indices, sent)
+        st.residual = self.ops.scatter_sub(st.residual, selection.indices, selection.local)
         if st.momentum is not None:
             momentum_sent = self.ops.take(st.momentum, selection.indices)
             st.momentum = self.ops.scatter_sub(st.momentum, selection.indices, momentum_sent)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import horovod.torch as hvd
 import numpy as np
@@ -35,6 +35,8 @@ from horovod.torch.compression import Compressor
 
 from .gs_sgd import CommStats, GsConfig, GsSgd, Selection
 from .kernels import torch_ops
+
+_NOT_ALLREDUCIBLE = (torch.bfloat16,)  # floating dtypes horovod.torch 0.28.1 cannot allreduce
 
 
 class TorchOps:
@@ -82,7 +84,6 @@ class _Binding:
     optimizer: Any
     engine: GsSgd
     params: list[tuple[str, torch.nn.Parameter]]
-    ranks_in_sum: int
     in_flight: int = 0
     pending: list[_Pending] = field(default_factory=list)
     _successor: dict[int, int] = field(default_factory=dict)
@@ -132,7 +133,7 @@ class GsSketch(Compressor):
     rank hands to collectives.
     """
 
-    _default: Optional["GsSketch"] = None
+    _default: Optional[GsSketch] = None
 
     def __init__(self, **options: Any) -> None:
         allowed = {f.name for f in fields(GsConfig)}
@@ -145,7 +146,7 @@ class GsSketch(Compressor):
         self._bindings: dict[int, _Binding] = {}
 
     @classmethod
-    def default(cls) -> "GsSketch":
+    def default(cls) -> GsSketch:
         """The instance used when the class itself is passed as ``compression``."""
         if cls.__dict__.get("_default") is None:
             cls._default = cls()
@@ -155,10 +156,14 @@ class GsSketch(Compressor):
         return f"GsSketch({self.config})"
 
     @_DefaultInstanceMethod
-    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Union[_Ctx, torch.dtype, None]]:
         """Returns (payload, ctx): the float32 sketch table (rows, cols) of the error-fed
-        gradient, or the dense tensor itself when it is not compressed (ctx None)."""
+        gradient; or, for a tensor not compressed, the tensor itself (ctx None) or its float32
+        copy when Horovod cannot allreduce its dtype (ctx: the dtype to cast back to)."""
         if tensor.is_sparse or not tensor.is_floating_point() or tensor.numel() < self.config.min_size:
+            if tensor.dtype in _NOT_ALLREDUCIBLE:  # e.g. bf16: Horovod's torch ops reject it
+                self.stats.dense_bytes += tensor.numel() * 4
+                return tensor.float(), tensor.dtype
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         binding = self._binding()
@@ -175,11 +180,13 @@ class GsSketch(Compressor):
         return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, sketched)
 
     @_DefaultInstanceMethod
-    def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
+    def decompress(self, tensor: torch.Tensor, ctx: Union[_Ctx, torch.dtype, None]) -> torch.Tensor:
         """Returns a new tensor of the gradient's shape, dtype and device: the merged top-k
         update (or the dense mean during warm-up, or ``tensor`` when it was not compressed)."""
         if ctx is None:
             return tensor
+        if isinstance(ctx, torch.dtype):
+            return tensor.to(ctx)
         binding = ctx.binding
         binding.in_flight -= 1
         if not ctx.sketched:
@@ -190,11 +197,20 @@ class GsSketch(Compressor):
                 out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=tensor.device)
                 binding.pending.append(_Pending(ctx.name, selection, out))
             else:
-                update = binding.engine.apply(ctx.name, selection, selection.estimates, binding.ranks_in_sum)
+                update = binding.engine.apply(ctx.name, selection, selection.estimates)
                 out = update.view(ctx.shape).to(ctx.dtype)
         if binding.in_flight == 0:
             self._finish_step(binding)
         return out
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """Per-parameter state by name: ``residual`` and ``momentum`` (d,) f32 tensors (momentum
+        None when m = 0) and ``steps`` (how many steps the parameter was compressed)."""
+        return {
+            name: {"residual": st.residual, "momentum": st.momentum, "steps": st.steps}
+            for binding in self._bindings.values()
+            for name, st in binding.engine.states.items()
+        }
 
     def _finish_step(self, binding: _Binding) -> None:
         """Last decompress of the step: one exact-round allreduce for every pending tensor."""
@@ -208,7 +224,7 @@ class GsSketch(Compressor):
         opt = binding.optimizer
         exact = hvd.allreduce(local, name="gs_horovod.exact", op=opt.op, process_set=opt.process_set)
         for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
-            update = binding.engine.apply(p.name, p.selection, values, binding.ranks_in_sum)
+            update = binding.engine.apply(p.name, p.selection, values)
             p.out.copy_(update.view(p.out.shape))
 
     def _binding(self) -> _Binding:
@@ -219,8 +235,7 @@ class GsSketch(Compressor):
             if optimizer.op not in (hvd.Average, hvd.Sum):
                 raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
             params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
-            ranks = optimizer.process_set.size() if optimizer.op == hvd.Sum else 1
-            binding = _Binding(optimizer, GsSgd(self.config, self.ops), params, ranks)
+            binding = _Binding(optimizer, GsSgd(self.config, self.ops), params)
             self._bindings[id(optimizer)] = binding
         return binding
 

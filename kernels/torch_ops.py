@@ -18,9 +18,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from . import BACKENDS
 from .hashing import GOLDEN, MASK32, MIX1, MIX2
 
-from . import BACKENDS
 _CHUNK = 1 << 20  # coordinates hashed per torch step: bounds temporaries to ~40 MB
 
 

@@ -1,0 +1,41 @@
+"""Shared set-up: the CUDA simulator for the Numba CUDA kernels, quiet TensorFlow, and a
+helper that runs a worker script under a real ``horovodrun``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # no GPU here: CUDA kernels run simulated
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str, timeout: float = 240) -> list[dict]:
+    """Runs ``tests/workers/<script>`` on ``np_`` ranks of localhost with ``--gloo`` or
+    ``--mpi`` and returns each rank's JSON result (``<out_dir>/rank<r>.json``)."""
+    launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    assert launcher, "horovodrun is not installed (run scripts/setup_env.sh)"
+    cmd = [launcher, "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
+    if controller == "mpi":
+        cmd += ["--mpi-args=--oversubscribe --bind-to none"]
+    cmd += [sys.executable, str(WORKERS / script), str(out_dir), *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    output = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}"
+    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np_)]
+
+
+@pytest.fixture
+def run_ranks(tmp_path: Path):
+    return lambda script, np_, controller, *args, **kw: horovodrun(script, np_, controller, tmp_path, *args, **kw)
