@@ -138,6 +138,17 @@ class CommStats:
 
 
 @dataclass
+class MergeStats:
+    """Per-rank traffic of ``tree_allreduce`` calls (cumulative): bytes this rank sent and
+    point-to-point rounds it took part in, split by level."""
+
+    bytes_sent: int = 0
+    doubling_rounds: int = 0
+    node_rounds: int = 0
+    calls: int = 0
+
+
+@dataclass
 class GsSgd:
     """gs-SGD state of one rank: per-tensor residuals keyed by a stable tensor name."""
 

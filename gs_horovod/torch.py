@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .gs_sgd import CommStats, GsConfig, GsSgd, Selection
+from .gs_sgd import CommStats, GsConfig, GsSgd, MergeStats, Selection
 from .kernels import torch_ops
 
 _NOT_ALLREDUCIBLE = (torch.bfloat16,)  # floating dtypes horovod.torch 0.28.1 cannot allreduce
@@ -86,6 +86,8 @@ class _Binding:
     params: list[tuple[str, torch.nn.Parameter]]
     in_flight: int = 0
     pending: list[_Pending] = field(default_factory=list)
+    unmerged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": local tables
+    merged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": mean tables
     _successor: dict[int, int] = field(default_factory=dict)
     _last: int = -1
 
@@ -131,18 +133,35 @@ class GsSketch(Compressor):
     Floating-point gradients of at least ``min_size`` elements are sketched (in float32,
     whatever their dtype); others are allreduced as they are. ``stats`` counts the bytes this
     rank hands to collectives.
+
+    merge: ``"horovod"`` (default) lets Horovod's allreduce merge the sketches, fused with
+    the other tensors; ``"mpi"`` merges all sketches of a step in one recursive-doubling
+    :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default: MPI's world, which must be
+    Horovod's), and runs the exact round there too. It needs Horovod's MPI controller with
+    MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``): our collectives run on their own
+    duplicated communicator while Horovod's background thread uses MPI. ``merge_stats``
+    counts its bytes and rounds.
     """
 
     _default: Optional[GsSketch] = None
+    MERGES = ("horovod", "mpi")
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         allowed = {f.name for f in fields(GsConfig)}
         unknown = sorted(set(options) - allowed)
         if unknown:
-            raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed)}")
+            raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed | {'merge', 'comm'})}")
+        if merge not in self.MERGES:
+            raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
+        if comm is not None and merge != "mpi":
+            raise ValueError("comm is used by merge='mpi' only")
         self.config = GsConfig(**options)
+        self.merge = merge
         self.ops = TorchOps(self.config.backend)
         self.stats = CommStats()
+        self.merge_stats = MergeStats()
+        self._comm = comm
+        self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
         self._bindings: dict[int, _Binding] = {}
 
     @classmethod
@@ -173,10 +192,13 @@ class GsSketch(Compressor):
         sketched = binding.engine.uses_sketch(name)
         payload = binding.engine.encode(name, tensor.detach().reshape(-1).float())
         binding.in_flight += 1
-        if sketched:
-            self.stats.sketch_bytes += payload.numel() * 4
-        else:
+        if not sketched:
             self.stats.dense_bytes += payload.numel() * 4
+        else:
+            self.stats.sketch_bytes += payload.numel() * 4
+            if self.merge == "mpi":  # merged at the step's first decompress; Horovod gets 1 element
+                binding.unmerged[name] = payload
+                payload = payload.new_zeros(1)
         return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, sketched)
 
     @_DefaultInstanceMethod
@@ -192,6 +214,10 @@ class GsSketch(Compressor):
         if not ctx.sketched:
             out = tensor.view(ctx.shape).to(ctx.dtype)
         else:
+            if self.merge == "mpi":
+                if binding.unmerged:
+                    self._merge_over_mpi(binding)
+                tensor = binding.merged.pop(ctx.name)
             selection = binding.engine.select(ctx.name, tensor)
             if binding.engine.config.exact:
                 out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=tensor.device)
@@ -222,10 +248,30 @@ class GsSketch(Compressor):
         local = torch.cat([p.selection.local for p in pending])
         self.stats.exact_bytes += local.numel() * 4
         opt = binding.optimizer
-        exact = hvd.allreduce(local, name="gs_horovod.exact", op=opt.op, process_set=opt.process_set)
+        if self.merge == "mpi":
+            exact = self._mpi_allreduce(local, opt)
+        else:
+            exact = hvd.allreduce(local, name="gs_horovod.exact", op=opt.op, process_set=opt.process_set)
         for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
             update = binding.engine.apply(p.name, p.selection, values)
             p.out.copy_(update.view(p.out.shape))
+
+    def _merge_over_mpi(self, binding: _Binding) -> None:
+        """All sketch tables of the step, in name order, merged by one tree allreduce."""
+        names = sorted(binding.unmerged)
+        tables = [binding.unmerged.pop(n) for n in names]
+        total = self._mpi_allreduce(torch.cat([t.reshape(-1) for t in tables]), binding.optimizer)
+        for name, table, merged in zip(names, tables, torch.split(total, [t.numel() for t in tables])):
+            binding.merged[name] = merged.view(table.shape)
+
+    def _mpi_allreduce(self, flat: torch.Tensor, optimizer: Any) -> torch.Tensor:
+        """Sum (or mean, as the optimizer's op says) of ``flat`` over ranks by tree_allreduce."""
+        from .mpi import Communicators, tree_allreduce_tensor  # imports mpi4py, which initialises MPI
+
+        if self._comms is None:
+            self._comms = Communicators(_mpi_comm(self._comm).Dup())
+        total = tree_allreduce_tensor(flat, self._comms, self.merge_stats)
+        return total / self._comms.comm.Get_size() if optimizer.op == hvd.Average else total
 
     def _binding(self) -> _Binding:
         """The state of the DistributedOptimizer that is calling ``compress``."""
@@ -234,10 +280,35 @@ class GsSketch(Compressor):
         if binding is None or binding.optimizer is not optimizer:
             if optimizer.op not in (hvd.Average, hvd.Sum):
                 raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
+            if self.merge == "mpi" and optimizer.process_set.process_set_id != 0:
+                raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
             params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
             binding = _Binding(optimizer, GsSgd(self.config, self.ops), params)
             self._bindings[id(optimizer)] = binding
         return binding
+
+
+def _mpi_comm(comm: Any) -> Any:
+    """``comm`` (or MPI's world), checked to span Horovod's ranks with thread support."""
+    try:
+        threads = hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    except ValueError:  # raised under the Gloo controller
+        threads = False
+    if not threads:
+        raise RuntimeError(
+            "GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
+            "(launch with horovodrun --mpi or mpirun, and leave HOROVOD_MPI_THREADS_DISABLE unset); "
+            "use merge='horovod' under Gloo"
+        )
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if comm.Get_size() != hvd.size() or comm.Get_rank() != hvd.rank():
+        raise RuntimeError(
+            f"GsSketch(merge='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
+            f"is not Horovod's (rank {hvd.rank()} of {hvd.size()})"
+        )
+    return comm
 
 
 def _calling_optimizer(compressor: GsSketch) -> Any:

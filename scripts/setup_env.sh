@@ -16,7 +16,7 @@ PY_PACKAGES=(
   "packaging" "cloudpickle" "pyyaml" "cffi"
 )
 # The stamp changes whenever this script changes, so edits re-run the install.
-STAMP_WANT="$(sha256sum "${BASH_SOURCE[0]}" "$ROOT/setup.py" | sha256sum | cut -c1-16)"
+STAMP_WANT="$(cat "${BASH_SOURCE[0]}" "$ROOT/setup.py" | sha256sum | cut -c1-16)"
 STAMP_FILE="$VENV/.gs_horovod_stamp"
 
 if [[ -f "$STAMP_FILE" && "$(cat "$STAMP_FILE")" == "$STAMP_WANT" ]] && command -v mpirun >/dev/null; then

@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
     p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
     p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
+    p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
+                   help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
     p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
     return p.parse_args(argv)
 
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     if args.compression == "gs":
-        compression = GsSketch(ratio=args.ratio, rows=args.rows, width=args.width,
+        compression = GsSketch(merge=args.merge, ratio=args.ratio, rows=args.rows, width=args.width,
                                exact=args.exact, warmup_steps=args.warmup_steps, seed=args.seed)
     else:
         compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none

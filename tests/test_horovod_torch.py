@@ -51,3 +51,19 @@ def test_state_is_keyed_by_parameter_across_none_grads_and_accumulation(ranks):
         assert r["bf16_grad_dtypes"] == ["torch.bfloat16"]
         assert r["bf16_params_finite"]
     assert len({r["bf16_digest"] for r in ranks}) == 1
+
+
+def test_mpi_merge_matches_horovod_merge_or_refuses_gloo_clearly(ranks):
+    if "mpi_digests" not in ranks[0]:
+        for r in ranks:
+            assert "needs Horovod's MPI controller" in r["mpi_merge_under_gloo_error"]
+        return
+    for r in ranks:
+        assert r["mpi_k_equals_d_max_abs_diff"] <= 1e-6
+        assert r["mpi_merge_calls"] == 20  # 10 steps: one fused sketch merge + one exact round
+    digests = [r["mpi_digests"] for r in ranks]
+    assert len(set(digests[0])) == 10 and all(d == digests[0] for d in digests[1:])
+    # every byte this rank sends in the tree is a whole payload (sketches + exact values) per round
+    payload = ranks[0]["mpi_payload_bytes"]
+    assert all(r["mpi_payload_bytes"] == payload for r in ranks)
+    assert all(r["mpi_merge_bytes"] % 4 == 0 and r["mpi_merge_bytes"] <= 3 * payload for r in ranks)

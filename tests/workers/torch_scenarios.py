@@ -78,6 +78,26 @@ def evaluate(model, x, y) -> tuple[float, float]:
     return loss, acc
 
 
+def mpi_merge(result: dict, x: torch.Tensor, y: torch.Tensor) -> None:
+    """merge="mpi": sketches merged by gs_horovod.mpi.tree_allreduce instead of Horovod."""
+    dense, gs = mlp(0), mlp(0)
+    train(dense, distributed(dense, "m.dense.", hvd.Compression.none), x, y, steps=5)
+    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, exact=True, min_size=1)
+    train(gs, distributed(gs, "m.gs.", compression), x, y, steps=5)
+    result["mpi_k_equals_d_max_abs_diff"] = (flat(dense) - flat(gs)).abs().max().item()
+    model = mlp(1)
+    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64)
+    opt = distributed(model, "m.d.", compression)
+    digests = []
+    for _ in range(10):
+        train(model, opt, x, y, steps=1)
+        digests.append(digest(model))
+    result["mpi_digests"] = digests
+    result["mpi_merge_calls"] = compression.merge_stats.calls
+    result["mpi_merge_bytes"] = compression.merge_stats.bytes_sent
+    result["mpi_payload_bytes"] = compression.stats.sketch_bytes + compression.stats.exact_bytes
+
+
 def convergence(result: dict, x: torch.Tensor, y: torch.Tensor) -> None:
     """(e) 600 steps of gs-SGD (k = 2 % of each tensor) against dense, same SGD and data."""
     curves = {}
@@ -112,6 +132,16 @@ def main(out_dir: str, scenarios: str = "all") -> None:
             train(model, opt, x, y, steps=1)
             digests.append(digest(model))
         result[f"digests_exact_{exact}"] = digests
+
+    if hvd.mpi_enabled():
+        mpi_merge(result, x, y)
+    else:
+        model = mlp(4)
+        opt = distributed(model, "g.", GsSketch(merge="mpi", ratio=0.05, min_size=64))
+        try:
+            train(model, opt, x, y, steps=1)
+        except RuntimeError as e:
+            result["mpi_merge_under_gloo_error"] = str(e)
 
     if scenarios == "all":
         convergence(result, x, y)

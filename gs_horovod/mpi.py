@@ -1,0 +1,170 @@
+"""Sum-allreduce of equal-shaped buffers over mpi4py by recursive doubling, node-aware.
+
+``tree_allreduce(buf, comm)`` sums ``buf`` over every rank of ``comm`` and returns the sum,
+bitwise identical on every rank:
+
+1. Node level (``node_aware=True``): ranks sharing a host (``Split_type(COMM_TYPE_SHARED)``,
+   or ``ranks_per_host`` to emulate hosts) reduce to their leader, local rank 0.
+2. Leaders run recursive doubling: in round i each leader swaps its partial sum with the
+   leader whose index differs in bit i (``Sendrecv``) and adds; after ceil(log2 L) rounds all
+   L leaders hold the total. Float addition is commutative, so both partners of a round get
+   the same bits, and by induction so do all leaders. For L not a power of two, with
+   L = 2^m + e, leaders 2i and 2i+1 (i < e) first fold into one (one extra round before) and
+   the folded leader receives the result after (one round after).
+3. Leaders broadcast the total on their host.
+
+Each rank of the doubling sends n·itemsize bytes per round: ceil(log2 L) rounds (+2 when
+L is not a power of two), against 2(L−1)/L·n·itemsize in L−1 latency-bound steps for a ring.
+``MergeStats`` counts bytes sent and rounds per rank, for tests and benchmarks.
+
+GPU buffers (torch CUDA tensors) go to MPI directly when Open MPI reports CUDA support
+(``MPIX_Query_cuda_support``), else through a host copy; see :func:`cuda_aware_mpi`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import lru_cache
+from typing import Any, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .gs_sgd import MergeStats
+
+
+class Communicators:
+    """The communicators one ``tree_allreduce`` needs, split once from ``comm`` (collective).
+
+    node: ranks of this host; leaders: local rank 0 of every host (None on other ranks).
+    ``ranks_per_host`` emulates hosts by consecutive blocks of ranks (tests, benchmarks).
+    """
+
+    def __init__(self, comm: MPI.Comm, node_aware: bool = True, ranks_per_host: Optional[int] = None) -> None:
+        self.comm = comm
+        if not node_aware:
+            self.node = comm.Split(comm.Get_rank(), 0)  # one rank per "host"
+        elif ranks_per_host is not None:
+            if ranks_per_host < 1:
+                raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
+            self.node = comm.Split(comm.Get_rank() // ranks_per_host, comm.Get_rank())
+        else:
+            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        is_leader = self.node.Get_rank() == 0
+        self.leaders = comm.Split(0 if is_leader else MPI.UNDEFINED, comm.Get_rank())
+        if self.leaders == MPI.COMM_NULL:
+            self.leaders = None
+
+
+def tree_allreduce(buf: Any, comms: Communicators, stats: Optional[MergeStats] = None) -> Any:
+    """Returns the elementwise sum of ``buf`` over all ranks, as a new array of its kind.
+
+    buf: (n,) float32/float64, contiguous, the same shape and dtype on every rank: a NumPy
+    array, or a torch CUDA tensor when MPI is CUDA-aware (see :func:`tree_allreduce_tensor`).
+    """
+    if len(buf.shape) != 1:
+        raise ValueError(f"tree_allreduce takes a 1-D array, got shape {tuple(buf.shape)}")
+    stats = stats if stats is not None else MergeStats()
+    stats.calls += 1
+    acc = _copy(buf)
+    node = comms.node
+    if node.Get_size() > 1:
+        recv = _empty_like(acc) if node.Get_rank() == 0 else None
+        node.Reduce(acc, recv, op=MPI.SUM, root=0)
+        if node.Get_rank() != 0:
+            stats.bytes_sent += acc.nbytes
+        else:
+            acc = recv
+        stats.node_rounds += 1
+    if comms.leaders is not None:
+        acc = _recursive_doubling(acc, comms.leaders, stats)
+    if node.Get_size() > 1:
+        node.Bcast(acc, root=0)
+        stats.node_rounds += 1
+        if node.Get_rank() == 0:
+            stats.bytes_sent += acc.nbytes * (node.Get_size() - 1)
+    return acc
+
+
+def _recursive_doubling(acc: np.ndarray, comm: MPI.Comm, stats: MergeStats) -> np.ndarray:
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        return acc
+    pof2 = 1 << (size.bit_length() - 1)
+    extra = size - pof2
+    recv = _empty_like(acc)
+    tag = 0x6753  # "gS"
+    # fold: of each pair (2i, 2i+1) with i < extra, the even rank hands its data to the odd one
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            comm.Send(acc, dest=rank + 1, tag=tag)
+            stats.bytes_sent += acc.nbytes
+            stats.doubling_rounds += 1
+            comm.Recv(acc, source=rank + 1, tag=tag)
+            stats.doubling_rounds += 1
+            return acc
+        comm.Recv(recv, source=rank - 1, tag=tag)
+        acc = _sync(acc + recv)
+        stats.doubling_rounds += 1
+        vrank = rank // 2
+    else:
+        vrank = rank - extra
+    mask = 1
+    while mask < pof2:
+        vpartner = vrank ^ mask
+        partner = vpartner * 2 + 1 if vpartner < extra else vpartner + extra
+        comm.Sendrecv(acc, dest=partner, sendtag=tag, recvbuf=recv, source=partner, recvtag=tag)
+        acc = _sync(acc + recv)
+        stats.bytes_sent += acc.nbytes
+        stats.doubling_rounds += 1
+        mask <<= 1
+    if rank < 2 * extra:  # unfold: return the total to the even partner
+        comm.Send(acc, dest=rank - 1, tag=tag)
+        stats.bytes_sent += acc.nbytes
+        stats.doubling_rounds += 1
+    return acc
+
+
+@lru_cache(maxsize=1)
+def cuda_aware_mpi() -> bool:
+    """Whether MPI can read and write GPU memory: ``GS_HOROVOD_CUDA_AWARE_MPI`` (0/1) if set,
+    else Open MPI's ``MPIX_Query_cuda_support()`` when the library exports it, else False."""
+    forced = os.environ.get("GS_HOROVOD_CUDA_AWARE_MPI")
+    if forced is not None:
+        return forced == "1"
+    try:
+        query = ctypes.CDLL(None).MPIX_Query_cuda_support
+    except AttributeError:
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())
+
+
+def tree_allreduce_tensor(tensor: Any, comms: Communicators, stats: Optional[MergeStats] = None) -> Any:
+    """``tree_allreduce`` of a 1-D float torch tensor (CPU or CUDA), returning a new tensor on
+    the same device. CUDA tensors go to MPI as they are when it is CUDA-aware, else through a
+    host copy (one device-to-host and one host-to-device transfer per call)."""
+    import torch
+
+    if tensor.is_cuda and cuda_aware_mpi():
+        return tree_allreduce(_sync(tensor.detach().contiguous()), comms, stats)
+    result = tree_allreduce(tensor.detach().cpu().contiguous().numpy(), comms, stats)
+    return torch.from_numpy(result).to(tensor.device)
+
+
+def _copy(x: Any) -> Any:
+    return x.copy() if isinstance(x, np.ndarray) else _sync(x.clone())
+
+
+def _empty_like(x: Any) -> Any:
+    return np.empty_like(x) if isinstance(x, np.ndarray) else x.new_empty(x.shape)
+
+
+def _sync(x: Any) -> Any:
+    """MPI reads device memory outside torch's streams: wait for the kernels that wrote ``x``."""
+    if not isinstance(x, np.ndarray) and x.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(x.device).synchronize()
+    return x
