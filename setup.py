@@ -1,12 +1,16 @@
 """gs_horovod: global-sketching SGD (gs-SGD) gradient compression for Horovod."""
 
+from pathlib import Path
+
 from setuptools import setup
+
+README = Path(__file__).with_name("README.md")
 
 setup(
     name="gs_horovod",
     version="0.1.0",
     description="gs-SGD: Count-Sketch gradient compression with a tree sketch merge, for Horovod",
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=["gs_horovod", "gs_horovod.kernels"],
@@ -15,7 +19,7 @@ setup(
     extras_require={
         "torch": ["torch>=2.0", "horovod==0.28.1"],
         "tensorflow": ["tensorflow>=2.15", "horovod==0.28.1"],
-        "mpi": ["mpi4py>=3.1"],
+        "mpi": ["mpi4py>=4"],
         "cuda": ["numba-cuda"],
         "examples": ["scikit-learn", "tqdm"],
     },

@@ -25,6 +25,7 @@ Horovod hands the tensors back in; tensors returned earlier in the step are fill
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
@@ -79,9 +80,10 @@ class _Pending:
 
 @dataclass
 class _Binding:
-    """gs-SGD state for the parameters of one DistributedOptimizer."""
+    """gs-SGD state for the parameters of one DistributedOptimizer (its op and process set)."""
 
-    optimizer: Any
+    op: Any
+    process_set: Any
     engine: GsSgd
     params: list[tuple[str, torch.nn.Parameter]]
     in_flight: int = 0
@@ -162,7 +164,7 @@ class GsSketch(Compressor):
         self.merge_stats = MergeStats()
         self._comm = comm
         self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
-        self._bindings: dict[int, _Binding] = {}
+        self._bindings: weakref.WeakKeyDictionary[Any, _Binding] = weakref.WeakKeyDictionary()  # by optimizer
 
     @classmethod
     def default(cls) -> GsSketch:
@@ -247,11 +249,10 @@ class GsSketch(Compressor):
         binding.pending = []
         local = torch.cat([p.selection.local for p in pending])
         self.stats.exact_bytes += local.numel() * 4
-        opt = binding.optimizer
         if self.merge == "mpi":
-            exact = self._mpi_allreduce(local, opt)
+            exact = self._mpi_allreduce(local, binding.op)
         else:
-            exact = hvd.allreduce(local, name="gs_horovod.exact", op=opt.op, process_set=opt.process_set)
+            exact = hvd.allreduce(local, name="gs_horovod.exact", op=binding.op, process_set=binding.process_set)
         for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
             update = binding.engine.apply(p.name, p.selection, values)
             p.out.copy_(update.view(p.out.shape))
@@ -260,31 +261,31 @@ class GsSketch(Compressor):
         """All sketch tables of the step, in name order, merged by one tree allreduce."""
         names = sorted(binding.unmerged)
         tables = [binding.unmerged.pop(n) for n in names]
-        total = self._mpi_allreduce(torch.cat([t.reshape(-1) for t in tables]), binding.optimizer)
+        total = self._mpi_allreduce(torch.cat([t.reshape(-1) for t in tables]), binding.op)
         for name, table, merged in zip(names, tables, torch.split(total, [t.numel() for t in tables])):
             binding.merged[name] = merged.view(table.shape)
 
-    def _mpi_allreduce(self, flat: torch.Tensor, optimizer: Any) -> torch.Tensor:
-        """Sum (or mean, as the optimizer's op says) of ``flat`` over ranks by tree_allreduce."""
+    def _mpi_allreduce(self, flat: torch.Tensor, op: Any) -> torch.Tensor:
+        """Sum (or mean, for ``op`` Average) of ``flat`` over ranks by tree_allreduce."""
         from .mpi import Communicators, tree_allreduce_tensor  # imports mpi4py, which initialises MPI
 
         if self._comms is None:
             self._comms = Communicators(_mpi_comm(self._comm).Dup())
         total = tree_allreduce_tensor(flat, self._comms, self.merge_stats)
-        return total / self._comms.comm.Get_size() if optimizer.op == hvd.Average else total
+        return total / self._comms.comm.Get_size() if op == hvd.Average else total
 
     def _binding(self) -> _Binding:
         """The state of the DistributedOptimizer that is calling ``compress``."""
         optimizer = _calling_optimizer(self)
-        binding = self._bindings.get(id(optimizer))
-        if binding is None or binding.optimizer is not optimizer:
+        binding = self._bindings.get(optimizer)
+        if binding is None:
             if optimizer.op not in (hvd.Average, hvd.Sum):
                 raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
             if self.merge == "mpi" and optimizer.process_set.process_set_id != 0:
                 raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
             params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
-            binding = _Binding(optimizer, GsSgd(self.config, self.ops), params)
-            self._bindings[id(optimizer)] = binding
+            binding = _Binding(optimizer.op, optimizer.process_set, GsSgd(self.config, self.ops), params)
+            self._bindings[optimizer] = binding
         return binding
 
 

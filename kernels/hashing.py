@@ -65,6 +65,22 @@ def element_hash(g: np.uint64, key: np.uint64) -> np.uint64:
     return x
 
 
+def sorted_median(buf: np.ndarray, rows: int) -> np.float32:
+    """Median of ``buf[:rows]`` (float32), sorting it in place by insertion (rows is small);
+    for even rows the mean of the two middle values. Compiled by Numba for CPU and GPU, so
+    every backend's estimate is the same expression."""
+    for a in range(1, rows):
+        v = buf[a]
+        b = a - 1
+        while b >= 0 and buf[b] > v:
+            buf[b + 1] = buf[b]
+            b -= 1
+        buf[b + 1] = v
+    if rows % 2 == 1:
+        return buf[rows // 2]
+    return (buf[rows // 2 - 1] + buf[rows // 2]) * np.float32(0.5)
+
+
 def reference_buckets_signs(
     keys: np.ndarray, cols: int, offset: int, length: int
 ) -> tuple[np.ndarray, np.ndarray]:

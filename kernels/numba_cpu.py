@@ -21,9 +21,10 @@ from numba import njit, prange
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
-from .hashing import element_hash
+from .hashing import element_hash, sorted_median
 
 _hash = njit(inline="always", cache=True)(element_hash)
+_median = njit(inline="always", cache=True)(sorted_median)
 _QUERY_BLOCK = 4096
 
 
@@ -47,20 +48,6 @@ def accumulate(table: np.ndarray, vec: np.ndarray, keys: np.ndarray, offset: int
                 table[j, b] += vec[i]
 
 
-@njit(inline="always", cache=True)
-def _median_sorted(buf: np.ndarray, rows: int) -> np.float32:
-    for a in range(1, rows):  # insertion sort: rows is small (1-15)
-        v = buf[a]
-        b = a - 1
-        while b >= 0 and buf[b] > v:
-            buf[b + 1] = buf[b]
-            b -= 1
-        buf[b + 1] = v
-    if rows % 2 == 1:
-        return buf[rows // 2]
-    return (buf[rows // 2 - 1] + buf[rows // 2]) * np.float32(0.5)
-
-
 @njit(parallel=True, cache=True)
 def query(table: np.ndarray, keys: np.ndarray, offset: int, out: np.ndarray) -> None:
     """out[i] = median_j sign_j(offset+i) * table[j, bucket_j(offset+i)]; out: (n,) float32."""
@@ -77,4 +64,4 @@ def query(table: np.ndarray, keys: np.ndarray, offset: int, out: np.ndarray) -> 
                 h = _hash(g, np.uint64(keys[j]))
                 v = table[j, (h * ucols) >> np.uint64(32)]
                 buf[j] = -v if h & np.uint64(1) else v
-            out[i] = _median_sorted(buf, rows)
+            out[i] = _median(buf, rows)

@@ -14,15 +14,16 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .hashing import element_hash
+from .hashing import element_hash, sorted_median
 
 _hash = cuda.jit(device=True)(element_hash)
+_median = cuda.jit(device=True)(sorted_median)
 _THREADS = 256
 MAX_ROWS = 32  # size of the per-thread buffer for the median in ``query``
 
 
 @cuda.jit
-def _accumulate_kernel(table, vec, keys, offset):  # noqa: ANN001 - numba signature
+def _accumulate_kernel(table, vec, keys, offset):
     i = cuda.grid(1)
     if i < vec.shape[0]:
         rows = table.shape[0]
@@ -36,7 +37,7 @@ def _accumulate_kernel(table, vec, keys, offset):  # noqa: ANN001 - numba signat
 
 
 @cuda.jit
-def _query_kernel(table, keys, offset, out):  # noqa: ANN001 - numba signature
+def _query_kernel(table, keys, offset, out):
     i = cuda.grid(1)
     if i < out.shape[0]:
         rows = table.shape[0]
@@ -47,17 +48,7 @@ def _query_kernel(table, keys, offset, out):  # noqa: ANN001 - numba signature
             h = _hash(g, np.uint64(keys[j]))
             v = table[j, (h * ucols) >> np.uint64(32)]
             buf[j] = -v if h & np.uint64(1) else v
-        for a in range(1, rows):
-            v = buf[a]
-            b = a - 1
-            while b >= 0 and buf[b] > v:
-                buf[b + 1] = buf[b]
-                b -= 1
-            buf[b + 1] = v
-        if rows % 2 == 1:
-            out[i] = buf[rows // 2]
-        else:
-            out[i] = (buf[rows // 2 - 1] + buf[rows // 2]) * np.float32(0.5)
+        out[i] = _median(buf, rows)
 
 
 def accumulate(table: Any, vec: Any, keys: Any, offset: int) -> None:

@@ -11,10 +11,7 @@ from gs_horovod.torch import GsSketch, TorchOps
 
 def ranks_step(engines: list[GsSgd], grads: list[torch.Tensor], name: str = "w") -> torch.Tensor:
     """One gs-SGD step of P simulated ranks; the allreduces are means computed here."""
-    payloads = [e.encode(name, g) for e, g in zip(engines, grads)]
-    merged = torch.stack(payloads).mean(0)
-    if not engines[0].uses_sketch(name) and engines[0].states[name].steps <= engines[0].config.warmup_steps:
-        return merged  # warm-up: the payload was a_t itself
+    merged = torch.stack([e.encode(name, g) for e, g in zip(engines, grads)]).mean(0)
     selections = [e.select(name, merged) for e in engines]
     values = torch.stack([s.local for s in selections]).mean(0) if engines[0].config.exact else selections[0].estimates
     updates = [e.apply(name, s, values) for e, s in zip(engines, selections)]
