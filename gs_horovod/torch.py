@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+import zlib
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, Union
 
@@ -86,6 +87,7 @@ class _Binding:
     process_set: Any
     engine: GsSgd
     params: list[tuple[str, torch.nn.Parameter]]
+    checked: bool = False  # options compared across ranks (at the first decompress)
     in_flight: int = 0
     pending: list[_Pending] = field(default_factory=list)
     unmerged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": local tables
@@ -212,6 +214,8 @@ class GsSketch(Compressor):
         if isinstance(ctx, torch.dtype):
             return tensor.to(ctx)
         binding = ctx.binding
+        if not binding.checked:
+            self._check_same_options(binding)
         binding.in_flight -= 1
         if not ctx.sketched:
             out = tensor.view(ctx.shape).to(ctx.dtype)
@@ -256,6 +260,20 @@ class GsSketch(Compressor):
         for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
             update = binding.engine.apply(p.name, p.selection, values)
             p.out.copy_(update.view(p.out.shape))
+
+    def _check_same_options(self, binding: _Binding) -> None:
+        """One allreduce (min of [h, −h]) of a digest of the options at the first step: ranks
+        whose seeds, sizes or modes differ would hash or select differently and diverge silently,
+        so every rank raises the same error instead."""
+        digest = zlib.crc32(repr((self.config, self.merge)).encode())
+        both = hvd.allreduce(torch.tensor([digest, -digest], dtype=torch.int64), op=hvd.Min,
+                             name="gs_horovod.options", process_set=binding.process_set)
+        binding.checked = True
+        if int(both[0]) != -int(both[1]):
+            raise ValueError(
+                "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
+                f"this rank has merge={self.merge!r}, {self.config}"
+            )
 
     def _merge_over_mpi(self, binding: _Binding) -> None:
         """All sketch tables of the step, in name order, merged by one tree allreduce."""

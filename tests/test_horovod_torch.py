@@ -67,3 +67,11 @@ def test_mpi_merge_matches_horovod_merge_or_refuses_gloo_clearly(ranks):
     payload = ranks[0]["mpi_payload_bytes"]
     assert all(r["mpi_payload_bytes"] == payload for r in ranks)
     assert all(r["mpi_merge_bytes"] % 4 == 0 and r["mpi_merge_bytes"] <= 3 * payload for r in ranks)
+
+
+def test_options_that_differ_across_ranks_fail_on_every_rank(ranks):
+    for r in ranks:
+        # same payload shapes, different hashes: caught by the options digest at the first step
+        assert r["mismatch_seed_error"].startswith("ValueError: GsSketch options differ across ranks")
+        # different sketch shapes: Horovod's own negotiation refuses the allreduce first
+        assert "Mismatched" in r["mismatch_rows_error"] or "options differ" in r["mismatch_rows_error"]

@@ -165,6 +165,16 @@ def main(out_dir: str, scenarios: str = "all") -> None:
     result["bf16_params_finite"] = bool(torch.isfinite(flat(model)).all())
     result["bf16_digest"] = digest(model)
 
+    # Last, as they abandon their optimizers mid-step: options that differ across ranks.
+    for label, options in (("seed", {"seed": hvd.rank()}), ("rows", {"rows": 3 + 2 * hvd.rank()})):
+        model = mlp(5)
+        opt = distributed(model, f"x.{label}.", GsSketch(ratio=0.05, min_size=64, **options))
+        try:
+            train(model, opt, x, y, steps=1)
+            result[f"mismatch_{label}_error"] = None
+        except Exception as e:  # noqa: BLE001 - the test reads which error each rank saw
+            result[f"mismatch_{label}_error"] = f"{type(e).__name__}: {e}"
+
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(result, f)
     hvd.shutdown()
