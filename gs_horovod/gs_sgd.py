@@ -30,6 +30,8 @@ from .kernels import BACKENDS
 from .kernels.hashing import MAX_COLS
 from .sketch import Array, ArrayOps, CountSketch
 
+NONFINITE = ("raise", "skip")
+
 
 def _check_number(name: str, value: Any, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
@@ -53,6 +55,10 @@ class GsConfig:
     min_size: tensors with fewer elements are sent dense, uncompressed.
     momentum: momentum-correction factor m in [0, 1) (use with a momentum-free optimizer).
     backend: sketch kernels: "auto", "torch", "numba" (CPU) or "cuda" (Numba CUDA).
+    nonfinite: a NaN/Inf in a merged gradient on any rank: "raise" an error on every rank, or
+        "skip" the tensor's update for that step; either way residuals stay as before it.
+    check_every: every N steps, compare a checksum of the selected indices across ranks and
+        raise on every rank if they differ (0: never; a debugging aid, costs a sync).
     """
 
     ratio: float = 0.01
@@ -65,6 +71,8 @@ class GsConfig:
     min_size: int = 1024
     momentum: float = 0.0
     backend: str = "auto"
+    nonfinite: str = "raise"
+    check_every: int = 0
 
     def __post_init__(self) -> None:
         _check_number("ratio", self.ratio, float, 0.0, 1.0, low_open=True)
@@ -82,10 +90,13 @@ class GsConfig:
             raise ValueError("momentum must be in [0.0, 1.0), got 1.0")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be one of {NONFINITE}, got {self.nonfinite!r}")
+        _check_number("check_every", self.check_every, int, 0, 2**62)
 
     def k_for(self, d: int) -> int:
         """Coordinates sent for a tensor of d elements."""
-        return min(d, self.k) if self.k is not None else min(d, max(1, math.ceil(self.ratio * d)))
+        return self.k if self.k is not None else min(d, max(1, math.ceil(self.ratio * d)))
 
     def cols_for(self, d: int) -> int:
         """Sketch columns for a tensor of d elements."""
@@ -100,14 +111,18 @@ class GsConfig:
 class TensorState:
     """Per-tensor state on one rank.
 
-    residual: (d,) f32 error-feedback memory e (holds a_t between encode and apply).
+    residual: (d,) f32 error-feedback memory e.
     momentum: (d,) f32 momentum-correction buffer u, or None when m = 0.
-    steps: how many times the tensor was encoded.
+    steps: how many steps of the tensor were committed.
+    acc, next_momentum: a_t and u_t of the step in flight, committed by ``apply`` or
+        ``commit_dense`` once the merge came back finite, dropped by ``discard``.
     """
 
     residual: Array
     momentum: Optional[Array]
     steps: int = 0
+    acc: Optional[Array] = None
+    next_momentum: Optional[Array] = None
 
 
 @dataclass
@@ -125,12 +140,14 @@ class Selection:
 
 @dataclass
 class CommStats:
-    """Payload elements/bytes this rank handed to collectives (cumulative)."""
+    """Payload bytes this rank handed to collectives, by path, and steps (cumulative);
+    ``skipped``: tensor updates dropped for NaN/Inf under nonfinite="skip"."""
 
     sketch_bytes: int = 0
     exact_bytes: int = 0
     dense_bytes: int = 0
     steps: int = 0
+    skipped: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -163,27 +180,26 @@ class GsSgd:
 
     def encode(self, name: str, grad: Array) -> Array:
         """Takes g (d,) f32; returns the payload to average (or sum) across ranks: a new sketch
-        table (rows, cols) f32, or during warm-up a_t (d,) f32 itself, the residual then
-        starting again at zero (everything is sent). The payload is the caller's to overwrite."""
+        table (rows, cols) f32, or during warm-up a_t (d,) f32 itself. Nothing is committed
+        until the merge returns (``apply``/``commit_dense``), so a step whose merge is
+        non-finite can be dropped (``discard``) with the residual as it was."""
         d = int(grad.shape[0])
+        cfg = self.config
+        if cfg.k is not None and cfg.k > d:
+            raise ValueError(
+                f"k={cfg.k} exceeds the {d} elements of tensor {name!r}; raise min_size above k or use ratio"
+            )
         st = self.states.get(name)
         if st is None or int(st.residual.shape[0]) != d:
-            zeros = self.ops.zeros((d,), grad)
-            st = self.states[name] = TensorState(zeros, self.ops.zeros((d,), grad) if self.config.momentum else None)
-        sketching = st.steps >= self.config.warmup_steps
+            momentum = self.ops.zeros((d,), grad) if cfg.momentum else None
+            st = self.states[name] = TensorState(self.ops.zeros((d,), grad), momentum)
         u = grad
         if st.momentum is not None:
-            st.momentum = st.momentum * self.config.momentum + grad
-            u = st.momentum
-        st.residual = st.residual + u
-        st.steps += 1
-        if not sketching:
-            payload, st.residual = st.residual, self.ops.zeros((d,), grad)
-            if st.momentum is not None:
-                st.momentum = self.ops.zeros((d,), grad)
-            return payload
-        sketch = CountSketch.zeros(self.config.rows, self.config.cols_for(d), self.config.seed, self.ops, grad)
-        return sketch.accumulate(st.residual).table
+            u = st.next_momentum = st.momentum * cfg.momentum + grad
+        st.acc = st.residual + u
+        if st.steps < cfg.warmup_steps:
+            return st.acc + 0.0  # a copy: the collective may overwrite its payload in place
+        return CountSketch.zeros(cfg.rows, cfg.cols_for(d), cfg.seed, self.ops, grad).accumulate(st.acc).table
 
     def select(self, name: str, merged_table: Array) -> Selection:
         """Heavy hitters of the merged (rows, cols) sketch, with this rank's local values."""
@@ -191,15 +207,38 @@ class GsSgd:
         d = int(st.residual.shape[0])
         sketch = CountSketch(self.config.rows, self.config.cols_for(d), self.config.seed, self.ops, merged_table)
         idx, est = sketch.heavy_hitters(self.config.k_for(d), d)
-        return Selection(idx, est, self.ops.take(st.residual, idx))
+        return Selection(idx, est, self.ops.take(st.acc, idx))
 
     def apply(self, name: str, selection: Selection, values: Array) -> Array:
-        """Returns the update Δ (d,) f32 holding ``values`` at the selected indices; this rank's
-        a_t[I] went into the merge, so it leaves the residual (and the momentum buffer)."""
+        """Commits the step and returns the update Δ (d,) f32 holding ``values`` at the selected
+        indices; this rank's a_t[I] went into the merge, so it leaves the residual (and u_t[I]
+        leaves the momentum buffer)."""
         st = self.states[name]
         d = int(st.residual.shape[0])
-        st.residual = self.ops.scatter_sub(st.residual, selection.indices, selection.local)
+        st.residual = self.ops.scatter_sub(st.acc, selection.indices, selection.local)
         if st.momentum is not None:
-            momentum_sent = self.ops.take(st.momentum, selection.indices)
-            st.momentum = self.ops.scatter_sub(st.momentum, selection.indices, momentum_sent)
+            momentum_sent = self.ops.take(st.next_momentum, selection.indices)
+            st.momentum = self.ops.scatter_sub(st.next_momentum, selection.indices, momentum_sent)
+        self._end_step(st)
         return self.ops.scatter(d, selection.indices, values)
+
+    def commit_dense(self, name: str) -> None:
+        """Commits a warm-up step: all of a_t was sent, so residual (and momentum) restart at 0."""
+        st = self.states[name]
+        st.residual = self.ops.zeros(tuple(st.residual.shape), st.residual)
+        if st.momentum is not None:
+            st.momentum = self.ops.zeros(tuple(st.momentum.shape), st.momentum)
+        self._end_step(st)
+
+    def discard(self, name: str) -> bool:
+        """Drops the step in flight (residual and momentum stay as before it); returns whether
+        this rank's a_t was finite, to tell which rank brought a non-finite value."""
+        st = self.states[name]
+        finite = st.acc is None or self.ops.all_finite(st.acc)
+        st.acc = st.next_momentum = None
+        return finite
+
+    @staticmethod
+    def _end_step(st: TensorState) -> None:
+        st.acc = st.next_momentum = None
+        st.steps += 1

@@ -48,6 +48,9 @@ class ArrayOps(Protocol):
     def scatter(self, n: int, idx: Array, vals: Array) -> Array:
         """A new (n,) f32 vector, zero but for vals at idx."""
 
+    def all_finite(self, x: Array) -> bool:
+        """Whether no element of x is NaN or infinite."""
+
 
 class CountSketch:
     """A rows × cols float32 Count-Sketch whose hashes come from ``seed``.

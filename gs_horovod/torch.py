@@ -27,15 +27,15 @@ from __future__ import annotations
 import sys
 import weakref
 import zlib
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional, Union
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .gs_sgd import CommStats, GsConfig, GsSgd, MergeStats, Selection
+from .gs_sgd import CommStats, GsConfig, GsSgd, MergeStats, Selection, TensorState
 from .kernels import torch_ops
 
 _NOT_ALLREDUCIBLE = (torch.bfloat16,)  # floating dtypes horovod.torch 0.28.1 cannot allreduce
@@ -71,6 +71,9 @@ class TorchOps:
     def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.float32, device=vals.device).index_copy_(0, idx, vals)
 
+    def all_finite(self, x: torch.Tensor) -> bool:
+        return bool(torch.isfinite(x).all())
+
 
 @dataclass
 class _Pending:
@@ -88,12 +91,24 @@ class _Binding:
     engine: GsSgd
     params: list[tuple[str, torch.nn.Parameter]]
     checked: bool = False  # options compared across ranks (at the first decompress)
-    in_flight: int = 0
+    steps: int = 0  # steps finished
+    in_flight: int = 0  # compressed, not yet decompressed, in this step
+    decoding: bool = False  # a decompress of this step has happened
+    selection_sum: int = 0  # order-free checksum of this step's selections (check_every)
     pending: list[_Pending] = field(default_factory=list)
     unmerged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": local tables
     merged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": mean tables
     _successor: dict[int, int] = field(default_factory=dict)
     _last: int = -1
+
+    def begin_compress(self) -> None:
+        """A compress after a decompress starts a new step: if the last one did not finish
+        (an exception left tensors undecompressed), its bookkeeping is dropped."""
+        if self.decoding:
+            self.in_flight, self.decoding, self.selection_sum = 0, False, 0
+            self.pending.clear()
+            self.unmerged.clear()
+            self.merged.clear()
 
     def name_of(self, grad: torch.Tensor) -> str:
         """The name of the parameter whose ``.grad`` is ``grad``: the parameter that followed
@@ -104,11 +119,15 @@ class _Binding:
             if guess is None:
                 raise KeyError(
                     f"GsSketch: a tensor of shape {tuple(grad.shape)} is not the .grad of any "
-                    "parameter of the DistributedOptimizer that compresses it"
+                    "parameter of the DistributedOptimizer that compresses it (sparse_as_dense=True "
+                    "hands over a copy, which GsSketch cannot attribute)"
                 )
             self._successor[self._last] = guess
         self._last = guess
         return self.params[guess][0]
+
+
+PASSTHROUGH, DENSE, SKETCH = "passthrough", "dense", "sketch"
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,7 @@ class _Ctx:
     name: str
     shape: torch.Size
     dtype: torch.dtype
-    sketched: bool
+    mode: str  # PASSTHROUGH (below min_size), DENSE (warm-up) or SKETCH
 
 
 class _DefaultInstanceMethod:
@@ -166,6 +185,7 @@ class GsSketch(Compressor):
         self.merge_stats = MergeStats()
         self._comm = comm
         self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
+        self._restored: dict[str, dict[str, Any]] = {}  # load_state_dict entries not yet bound
         self._bindings: weakref.WeakKeyDictionary[Any, _Binding] = weakref.WeakKeyDictionary()  # by optimizer
 
     @classmethod
@@ -179,53 +199,61 @@ class GsSketch(Compressor):
         return f"GsSketch({self.config})"
 
     @_DefaultInstanceMethod
-    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Union[_Ctx, torch.dtype, None]]:
+    def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
         """Returns (payload, ctx): the float32 sketch table (rows, cols) of the error-fed
-        gradient; or, for a tensor not compressed, the tensor itself (ctx None) or its float32
-        copy when Horovod cannot allreduce its dtype (ctx: the dtype to cast back to)."""
-        if tensor.is_sparse or not tensor.is_floating_point() or tensor.numel() < self.config.min_size:
-            if tensor.dtype in _NOT_ALLREDUCIBLE:  # e.g. bf16: Horovod's torch ops reject it
-                self.stats.dense_bytes += tensor.numel() * 4
-                return tensor.float(), tensor.dtype
+        gradient; during warm-up a_t itself; for a float tensor below ``min_size`` the tensor
+        (as float32 if Horovod cannot allreduce its dtype, e.g. bf16); for a sparse or
+        non-float tensor the tensor itself with ctx None."""
+        if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         binding = self._binding()
-        if binding.pending and binding.in_flight == 0:
-            raise RuntimeError("GsSketch: a new step started before the last one was decompressed")
+        binding.begin_compress()
         name = binding.name_of(tensor)
-        sketched = binding.engine.uses_sketch(name)
-        payload = binding.engine.encode(name, tensor.detach().reshape(-1).float())
         binding.in_flight += 1
-        if not sketched:
+        if tensor.numel() < self.config.min_size:
+            payload = tensor.float() if tensor.dtype in _NOT_ALLREDUCIBLE else tensor
+            self.stats.dense_bytes += payload.numel() * payload.element_size()
+            return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, PASSTHROUGH)
+        mode = SKETCH if binding.engine.uses_sketch(name) else DENSE
+        payload = binding.engine.encode(name, tensor.detach().reshape(-1).float())
+        if mode == DENSE:
             self.stats.dense_bytes += payload.numel() * 4
         else:
             self.stats.sketch_bytes += payload.numel() * 4
             if self.merge == "mpi":  # merged at the step's first decompress; Horovod gets 1 element
                 binding.unmerged[name] = payload
                 payload = payload.new_zeros(1)
-        return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, sketched)
+        return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, mode)
 
     @_DefaultInstanceMethod
-    def decompress(self, tensor: torch.Tensor, ctx: Union[_Ctx, torch.dtype, None]) -> torch.Tensor:
+    def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
         """Returns a new tensor of the gradient's shape, dtype and device: the merged top-k
-        update (or the dense mean during warm-up, or ``tensor`` when it was not compressed)."""
+        update (or the dense mean during warm-up or below ``min_size``)."""
         if ctx is None:
             return tensor
-        if isinstance(ctx, torch.dtype):
-            return tensor.to(ctx)
         binding = ctx.binding
         if not binding.checked:
             self._check_same_options(binding)
         binding.in_flight -= 1
-        if not ctx.sketched:
+        binding.decoding = True
+        if ctx.mode == SKETCH and self.merge == "mpi":
+            if binding.unmerged:
+                self._merge_over_mpi(binding)
+            tensor = binding.merged.pop(ctx.name)
+        if not bool(torch.isfinite(tensor).all()):  # the merge is identical on every rank
+            out = self._non_finite(binding, ctx, tensor.device)
+        elif ctx.mode == PASSTHROUGH:
+            out = tensor.to(ctx.dtype)
+        elif ctx.mode == DENSE:
+            binding.engine.commit_dense(ctx.name)
             out = tensor.view(ctx.shape).to(ctx.dtype)
         else:
-            if self.merge == "mpi":
-                if binding.unmerged:
-                    self._merge_over_mpi(binding)
-                tensor = binding.merged.pop(ctx.name)
             selection = binding.engine.select(ctx.name, tensor)
-            if binding.engine.config.exact:
+            if self.config.check_every and binding.steps % self.config.check_every == 0:
+                data = ctx.name.encode() + selection.indices.cpu().numpy().tobytes()
+                binding.selection_sum = (binding.selection_sum + zlib.crc32(data)) % 2**62
+            if self.config.exact:
                 out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=tensor.device)
                 binding.pending.append(_Pending(ctx.name, selection, out))
             else:
@@ -235,18 +263,78 @@ class GsSketch(Compressor):
             self._finish_step(binding)
         return out
 
-    def state_dict(self) -> dict[str, dict[str, Any]]:
-        """Per-parameter state by name: ``residual`` and ``momentum`` (d,) f32 tensors (momentum
-        None when m = 0) and ``steps`` (how many steps the parameter was compressed)."""
+    def _non_finite(self, binding: _Binding, ctx: _Ctx, device: torch.device) -> torch.Tensor:
+        """A merged gradient with NaN/Inf: the step of this tensor is dropped on every rank
+        (residual as before it); raise, or with nonfinite="skip" return a zero update."""
+        local_finite = binding.engine.discard(ctx.name) if ctx.mode != PASSTHROUGH else None
+        if self.config.nonfinite == "skip":
+            self.stats.skipped += 1
+            return torch.zeros(ctx.shape, dtype=ctx.dtype, device=device)
+        here = "" if local_finite is None else f" (this rank's was {'finite' if local_finite else 'NOT finite'})"
+        raise FloatingPointError(
+            f"GsSketch: the gradient of {ctx.name!r} is NaN or infinite on at least one rank at step "
+            f"{binding.steps}{here}; residuals are left as before the step. "
+            "GsSketch(nonfinite='skip') skips such updates instead."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"options": ..., "tensors": {name: {"residual", "momentum", "steps"}}}``: per
+        parameter the residual and momentum (d,) f32 tensors (momentum None when m = 0) and
+        how many steps it was compressed. Save it beside the model's and optimizer's."""
         return {
-            name: {"residual": st.residual, "momentum": st.momentum, "steps": st.steps}
-            for binding in self._bindings.values()
-            for name, st in binding.engine.states.items()
+            "options": self._options(),
+            "tensors": {
+                name: {"residual": st.residual, "momentum": st.momentum, "steps": st.steps}
+                for binding in self._bindings.values()
+                for name, st in binding.engine.states.items()
+            },
         }
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` saved, now or, for parameters not seen yet, when
+        their optimizer first compresses. The options must be the ones it was saved with."""
+        if state.get("options") != self._options():
+            raise ValueError(f"GsSketch state was saved with options {state.get('options')}, not {self._options()}")
+        self._restored = dict(state["tensors"])
+        for binding in self._bindings.values():
+            self._restore(binding)
+
+    def reset(self) -> None:
+        """Forgets all per-parameter state (residuals, momentum, steps) and communicators.
+        Call it from a Horovod elastic reset callback: residuals built for the old set of
+        ranks do not belong to the new one."""
+        self._bindings.clear()
+        self._restored.clear()
+        self._comms = None
+
+    def _options(self) -> dict[str, Any]:
+        return {**asdict(self.config), "merge": self.merge}
+
+    def _restore(self, binding: _Binding) -> None:
+        for name, p in binding.params:
+            saved = self._restored.pop(name, None)
+            if saved is None:
+                continue
+            if saved["residual"].numel() != p.numel():
+                raise ValueError(f"saved GsSketch state of {name!r} has {saved['residual'].numel()} "
+                                 f"elements, the parameter {p.numel()}")
+            momentum = saved["momentum"]
+            binding.engine.states[name] = TensorState(
+                saved["residual"].to(p.device, torch.float32, copy=True),
+                None if momentum is None else momentum.to(p.device, torch.float32, copy=True),
+                int(saved["steps"]),
+            )
+            binding.steps = max(binding.steps, int(saved["steps"]))
+
     def _finish_step(self, binding: _Binding) -> None:
-        """Last decompress of the step: one exact-round allreduce for every pending tensor."""
+        """Last decompress of the step: one exact-round allreduce for every pending tensor,
+        and the selection checksum every ``check_every`` steps."""
         self.stats.steps += 1
+        checking = self.config.check_every and binding.steps % self.config.check_every == 0
+        binding.steps += 1
+        binding.decoding = False
+        if checking:
+            self._check_same_selections(binding)
         if not binding.pending:
             return
         pending = sorted(binding.pending, key=lambda p: p.name)
@@ -261,15 +349,21 @@ class GsSketch(Compressor):
             update = binding.engine.apply(p.name, p.selection, values)
             p.out.copy_(update.view(p.out.shape))
 
+    def _check_same_selections(self, binding: _Binding) -> None:
+        total, binding.selection_sum = binding.selection_sum, 0
+        if not _same_on_every_rank(total, "gs_horovod.selections", binding.process_set):
+            raise RuntimeError(
+                f"GsSketch: ranks selected different heavy hitters at step {binding.steps - 1} "
+                "(checked because check_every is set); their models are diverging"
+            )
+
     def _check_same_options(self, binding: _Binding) -> None:
         """One allreduce (min of [h, −h]) of a digest of the options at the first step: ranks
         whose seeds, sizes or modes differ would hash or select differently and diverge silently,
         so every rank raises the same error instead."""
         digest = zlib.crc32(repr((self.config, self.merge)).encode())
-        both = hvd.allreduce(torch.tensor([digest, -digest], dtype=torch.int64), op=hvd.Min,
-                             name="gs_horovod.options", process_set=binding.process_set)
         binding.checked = True
-        if int(both[0]) != -int(both[1]):
+        if not _same_on_every_rank(digest, "gs_horovod.options", binding.process_set):
             raise ValueError(
                 "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
                 f"this rank has merge={self.merge!r}, {self.config}"
@@ -304,7 +398,16 @@ class GsSketch(Compressor):
             params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
             binding = _Binding(optimizer.op, optimizer.process_set, GsSgd(self.config, self.ops), params)
             self._bindings[optimizer] = binding
+            self._restore(binding)
         return binding
+
+
+def _same_on_every_rank(value: int, name: str, process_set: Any) -> bool:
+    """Whether every rank holds the same ``value`` (0 <= value < 2^62): one allreduce of the
+    minimum of [value, −value], i.e. of the minimum and minus the maximum."""
+    both = hvd.allreduce(torch.tensor([value, -value], dtype=torch.int64), op=hvd.Min, name=name,
+                         process_set=process_set)
+    return int(both[0]) == -int(both[1])
 
 
 def _mpi_comm(comm: Any) -> Any:
