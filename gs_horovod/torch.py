@@ -27,7 +27,7 @@ from __future__ import annotations
 import sys
 import weakref
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import horovod.torch as hvd
@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .gs_sgd import CommStats, GsConfig, GsSgd, MergeStats, Selection, TensorState
+from .compressor import DefaultInstanceMethod, config_from
+from .gs_sgd import CommStats, GsSgd, MergeStats, Selection, TensorState
 from .kernels import torch_ops
 
 _NOT_ALLREDUCIBLE = (torch.bfloat16,)  # floating dtypes horovod.torch 0.28.1 cannot allreduce
@@ -139,17 +140,6 @@ class _Ctx:
     mode: str  # PASSTHROUGH (below min_size), DENSE (warm-up) or SKETCH
 
 
-class _DefaultInstanceMethod:
-    """A method that, looked up on the class itself, runs on the class's default instance,
-    so ``compression=GsSketch`` (the class, as Horovod's own compressors are passed) works."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __get__(self, obj: Any, cls: type) -> Any:
-        return self.fn.__get__(obj if obj is not None else cls.default(), cls)
-
-
 class GsSketch(Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
 
@@ -170,15 +160,11 @@ class GsSketch(Compressor):
     MERGES = ("horovod", "mpi")
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
-        allowed = {f.name for f in fields(GsConfig)}
-        unknown = sorted(set(options) - allowed)
-        if unknown:
-            raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed | {'merge', 'comm'})}")
         if merge not in self.MERGES:
             raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
         if comm is not None and merge != "mpi":
             raise ValueError("comm is used by merge='mpi' only")
-        self.config = GsConfig(**options)
+        self.config = config_from(options, extra=("merge", "comm"))
         self.merge = merge
         self.ops = TorchOps(self.config.backend)
         self.stats = CommStats()
@@ -198,7 +184,7 @@ class GsSketch(Compressor):
     def __repr__(self) -> str:
         return f"GsSketch({self.config})"
 
-    @_DefaultInstanceMethod
+    @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
         """Returns (payload, ctx): the float32 sketch table (rows, cols) of the error-fed
         gradient; during warm-up a_t itself; for a float tensor below ``min_size`` the tensor
@@ -226,7 +212,7 @@ class GsSketch(Compressor):
                 payload = payload.new_zeros(1)
         return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, mode)
 
-    @_DefaultInstanceMethod
+    @DefaultInstanceMethod
     def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
         """Returns a new tensor of the gradient's shape, dtype and device: the merged top-k
         update (or the dense mean during warm-up or below ``min_size``)."""

@@ -1,0 +1,148 @@
+"""Runs under ``horovodrun``: GsSketch for TensorFlow on real ranks, one JSON file per rank.
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/tf_scenarios.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Horovod 0.28.1's Keras layer needs tf-keras
+
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvd_keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+from gs_horovod.tensorflow import GsSketch  # noqa: E402
+
+
+class Mlp(tf.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        rng = np.random.default_rng(seed)
+        self.w1 = tf.Variable(rng.standard_normal((64, 64)).astype(np.float32) * 0.1, name="w1")
+        self.b1 = tf.Variable(np.zeros(64, np.float32), name="b1")
+        self.w2 = tf.Variable(rng.standard_normal((64, 10)).astype(np.float32) * 0.1, name="w2")
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.nn.relu(x @ self.w1 + self.b1) @ self.w2
+
+
+def digest(model: tf.Module) -> str:
+    return hashlib.sha256(b"".join(v.numpy().tobytes() for v in model.trainable_variables)).hexdigest()
+
+
+def batch(x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.random.default_rng(1000 * step + hvd.rank()).integers(0, len(x), 32)
+    return x[idx], y[idx]
+
+
+def make_step(model: Mlp, compression, graph: bool = True, lr: float = 0.1):
+    variables = [model.w1, model.b1, model.w2]
+
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, model(xb)))
+        grads = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
+        for v, g in zip(variables, grads):
+            v.assign_sub(lr * g)
+        return loss
+
+    return tf.function(step) if graph else step
+
+
+def run(model, step, x, y, steps: range) -> None:
+    for i in steps:
+        step(*batch(x, y, i))
+
+
+def keras_fit(x, y, compression) -> tuple[float, float]:
+    tf.keras.utils.set_random_seed(3)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(64,)),
+                                 tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
+    opt = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=compression)
+    model.compile(opt, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, batch_size=32, epochs=12, verbose=0, shuffle=False,
+              callbacks=[hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)])
+    loss, acc = model.evaluate(x, y, verbose=0)
+    return (float(hvd.allreduce(tf.constant(loss), name="keras_loss")),
+            float(hvd.allreduce(tf.constant(acc), name="keras_acc")))
+
+
+def main(out_dir: str) -> None:
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)[hvd.rank()::hvd.size()]
+    y = y.astype(np.int64)[hvd.rank()::hvd.size()]
+    result: dict = {"rank": hvd.rank()}
+
+    # k = d with the exact round is dense allreduce
+    dense, gs = Mlp(0), Mlp(0)
+    run(dense, make_step(dense, hvd.Compression.none), x, y, range(5))
+    run(gs, make_step(gs, GsSketch(ratio=1.0, rows=1, width=1.0, min_size=1)), x, y, range(5))
+    result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
+                                            for a, b in zip(dense.trainable_variables, gs.trainable_variables))
+
+    # identical updates on every rank, in tf.function and eagerly, with and without the exact round
+    for graph in (True, False):
+        for exact in (True, False):
+            model = Mlp(1)
+            step = make_step(model, GsSketch(ratio=0.05, min_size=64, exact=exact), graph=graph)
+            digests = []
+            for i in range(6):
+                step(*batch(x, y, i))
+                digests.append(digest(model))
+            result[f"digests_graph_{graph}_exact_{exact}"] = digests
+
+    # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
+    n = 4
+    model, gs = Mlp(2), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
+    run(model, make_step(model, gs), x, y, range(2 * n))
+    result["resume_straight"] = digest(model)
+    model, gs = Mlp(2), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
+    run(model, make_step(model, gs), x, y, range(n))
+    path = tf.train.Checkpoint(model=model, compression=gs).write(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    model, gs = Mlp(99), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
+    tf.train.Checkpoint(model=model, compression=gs).read(path)  # gs state restored when created
+    run(model, make_step(model, gs), x, y, range(n, 2 * n))
+    result["resume_restored"] = digest(model)
+    result["resume_steps"] = {k: int(v.steps.numpy()) for k, v in gs.states.items()}
+
+    # NaN on one rank: the same error on every rank, residuals untouched
+    model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64)
+    step = make_step(model, gs)
+    step(*batch(x, y, 0))
+    before = {k: v.residual.numpy().copy() for k, v in gs.states.items()}
+    xb, yb = batch(x, y, 1)
+    if hvd.rank() == 1:
+        xb = xb.copy()
+        xb[0, 0] = np.nan
+    try:
+        step(xb, yb)
+        result["nan_error"] = None
+    except tf.errors.InvalidArgumentError as e:
+        result["nan_error"] = e.message
+    # TF's relu maps NaN to 0, so only w1's gradient is NaN: w1 keeps its residual and step
+    # count; the finite b1 and w2 may have been committed; every residual stays finite
+    result["nan_w1_unchanged"] = bool(np.array_equal(gs.states["w1:0"].residual.numpy(), before["w1:0"])
+                                      and int(gs.states["w1:0"].steps.numpy()) == 1)
+    result["nan_residuals_finite"] = all(bool(np.isfinite(v.residual.numpy()).all()) for v in gs.states.values())
+
+    # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
+    result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)
+    result["keras_gs"] = keras_fit(x, y, GsSketch(ratio=0.05, min_size=64))
+
+    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
