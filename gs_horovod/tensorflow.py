@@ -210,6 +210,19 @@ class GsSketch(Compressor, tf.Module):
                 out = update()
         return tf.cast(tf.reshape(out, shape), dtype)
 
+    def bytes_per_step(self, variables: list[Any]) -> int:
+        """Bytes one rank hands to collectives per step for gradients of ``variables``, once
+        warm-up is over: rows·cols (+ k with the exact round) float32 per compressed variable,
+        the dense size for the others."""
+        total = 0
+        for v in variables:
+            d = v.shape.num_elements()
+            if v.dtype.is_floating and d >= self.config.min_size:
+                total += 4 * self.config.payload_numel(d)
+            else:
+                total += d * v.dtype.size
+        return total
+
     def _state(self, var: tf.Variable, d: int) -> _VariableState:
         key = _path(var)
         st = self.states.get(key)

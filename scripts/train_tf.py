@@ -1,0 +1,119 @@
+"""Data-parallel training of an MLP on scikit-learn's handwritten digits with Horovod and
+TensorFlow (tf-keras model, ``hvd.DistributedGradientTape`` in a ``tf.function``).
+
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/train_tf.py --compression gs
+
+Same data, model, flags and output as ``scripts/train_torch.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-keras: see docs/tensorflow.md
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import horovod.tensorflow as hvd  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+from sklearn.model_selection import train_test_split  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from gs_horovod.tensorflow import GsSketch  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compression", choices=["gs", "none", "fp16"], default="gs")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9, help="of the SGD optimizer")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ratio", type=float, default=0.02, help="gs: k / d per tensor")
+    p.add_argument("--rows", type=int, default=5, help="gs: sketch rows")
+    p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
+    p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
+    p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
+    p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    hvd.init()
+    tf.keras.utils.set_random_seed(args.seed)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x.astype(np.float32) / 16.0, y, test_size=0.2, random_state=0, stratify=y)
+    x_train, y_train = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
+
+    model = tf.keras.Sequential([
+        tf.keras.layers.Dense(args.hidden, activation="relu", input_shape=(64,)),
+        tf.keras.layers.Dense(args.hidden // 2, activation="relu"),
+        tf.keras.layers.Dense(10),
+    ])
+    optimizer = tf.keras.optimizers.SGD(args.lr, momentum=args.momentum)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    hvd.broadcast_variables(model.variables, root_rank=0)
+    if args.compression == "gs":
+        compression = GsSketch(ratio=args.ratio, rows=args.rows, width=args.width, exact=args.exact,
+                               warmup_steps=args.warmup_steps, seed=args.seed)
+        bytes_per_step = compression.bytes_per_step(model.trainable_variables)
+    else:
+        compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
+        bytes_per_step = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
+        bytes_per_step //= 2 if args.compression == "fp16" else 1
+    dense_bytes = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
+
+    @tf.function
+    def train_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
+                                        op=hvd.Min, name="steps"))
+    rng = np.random.default_rng(args.seed + hvd.rank())
+    history = []
+    start = time.perf_counter()
+    bar = tqdm(range(1, args.epochs + 1), desc="epochs", unit="epoch", disable=hvd.rank() != 0,
+               file=sys.stderr, mininterval=0)
+    for epoch in bar:
+        order = rng.permutation(len(x_train))
+        total = 0.0
+        for step in range(steps_per_epoch):
+            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            total += float(train_step(x_train[batch], y_train[batch]))
+        train_loss = float(hvd.allreduce(tf.constant(total / steps_per_epoch), name="loss"))
+        accuracy = float(np.mean(np.argmax(model(x_test), axis=1) == y_test))
+        history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy, "bytes_per_step": bytes_per_step})
+        bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{accuracy:.3f}")
+        if hvd.rank() == 0:
+            bar.write(f"epoch {epoch:3d}  loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
+                      f"bytes/step/rank {bytes_per_step:,.0f} (dense {dense_bytes:,})", file=sys.stdout)
+    result = {"args": vars(args), "ranks": hvd.size(), "dense_bytes_per_step": dense_bytes,
+              "seconds": time.perf_counter() - start, "history": history}
+    if hvd.rank() == 0:
+        print(f"final test accuracy {history[-1]['accuracy']:.4f} after {args.epochs} epochs "
+              f"on {hvd.size()} ranks in {result['seconds']:.1f} s", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
