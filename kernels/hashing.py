@@ -66,9 +66,16 @@ def element_hash(g: np.uint64, key: np.uint64) -> np.uint64:
 
 
 def sorted_median(buf: np.ndarray, rows: int) -> np.float32:
-    """Median of ``buf[:rows]`` (float32), sorting it in place by insertion (rows is small);
-    for even rows the mean of the two middle values. Compiled by Numba for CPU and GPU, so
-    every backend's estimate is the same expression."""
+    """Median of ``buf[:rows]`` (float32); for even rows the mean of the two middle values.
+    3 and 5 rows use branch-free min/max networks (the result is one of the inputs, as with
+    sorting); other counts sort ``buf`` in place by insertion. Compiled by Numba for CPU and
+    GPU, so every backend's estimate is the same expression."""
+    if rows == 3:
+        return max(min(buf[0], buf[1]), min(max(buf[0], buf[1]), buf[2]))
+    if rows == 5:
+        f = max(min(buf[0], buf[1]), min(buf[2], buf[3]))
+        g = min(max(buf[0], buf[1]), max(buf[2], buf[3]))
+        return max(min(buf[4], f), min(max(buf[4], f), g))
     for a in range(1, rows):
         v = buf[a]
         b = a - 1
