@@ -13,7 +13,7 @@ setup(
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["gs_horovod", "gs_horovod.kernels"],
+    packages=["gs_horovod", "gs_horovod.kernels", "gs_horovod.baselines"],
     package_dir={"gs_horovod": "gs_horovod", "gs_horovod.kernels": "kernels"},
     install_requires=["numpy>=1.23", "numba>=0.60"],
     extras_require={

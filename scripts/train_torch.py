@@ -23,12 +23,15 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
+from gs_horovod.baselines import METHODS, ExchangeOptimizer
 from gs_horovod.torch import GsSketch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compression", choices=["gs", "none", "fp16"], default="gs")
+    p.add_argument("--compression", choices=["gs", "none", "fp16", *METHODS], default="gs",
+                   help="gs: GsSketch; none / fp16: Horovod's; topk, gtopk, sketched, powersgd: baselines")
+    p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
@@ -72,13 +75,19 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    if args.compression == "gs":
-        compression = GsSketch(merge=args.merge, ratio=args.ratio, rows=args.rows, width=args.width,
-                               exact=args.exact, warmup_steps=args.warmup_steps, seed=args.seed)
+    compression = exchange = None
+    if args.compression in METHODS:
+        kw = {"rank": args.powersgd_rank} if args.compression == "powersgd" else {}
+        exchange = METHODS[args.compression](ratio=args.ratio, **kw)
+        optimizer = ExchangeOptimizer(optimizer, model.named_parameters(), exchange)
     else:
-        compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+        if args.compression == "gs":
+            compression = GsSketch(merge=args.merge, ratio=args.ratio, rows=args.rows, width=args.width,
+                                   exact=args.exact, warmup_steps=args.warmup_steps, seed=args.seed)
+        else:
+            compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
 
     steps_per_epoch = math.ceil(len(x_train) / args.batch_size)
     steps_per_epoch = hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item()
@@ -105,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         if isinstance(compression, GsSketch):
             bytes_per_step = compression.stats.total_bytes / max(1, compression.stats.steps)
+        elif exchange is not None:
+            bytes_per_step = exchange.bytes_sent / max(1, exchange.steps)
         else:
             bytes_per_step = dense_bytes / (2 if args.compression == "fp16" else 1)
         history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy,
