@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             bytes_per_step = dense_bytes / (2 if args.compression == "fp16" else 1)
         history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy,
-                        "bytes_per_step": bytes_per_step})
+                        "bytes_per_step": bytes_per_step, "steps": steps_per_epoch})
         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{accuracy:.3f}")
         if hvd.rank() == 0:
             bar.write(f"epoch {epoch:3d}  loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
