@@ -42,6 +42,12 @@ def test_every_rank_applies_the_identical_update(ranks, graph, exact):
     assert ranks[0][f"digests_graph_{graph}_exact_{exact}"] == ranks[0][f"digests_graph_True_exact_{exact}"]
 
 
+def test_warmup_then_sketching_runs_alike_on_every_rank(ranks):
+    assert ranks[0]["warmup_digests"] == ranks[1]["warmup_digests"]
+    assert len(set(ranks[0]["warmup_digests"])) == 4
+    assert ranks[0]["warmup_steps"] == {"w1:0": 4, "b1:0": 4, "w2:0": 4}
+
+
 def test_checkpoint_resume_is_bitwise_identical(ranks):
     for r in ranks:
         assert r["resume_restored"] == r["resume_straight"]

@@ -48,6 +48,12 @@ def test_resume_from_state_dict_is_bitwise_identical(ranks):
         assert r["resume_wrong_options_error"].startswith("GsSketch state was saved with options")
 
 
+def test_reset_forgets_state_and_training_goes_on(ranks):
+    for r in ranks:
+        assert r["reset_tensors"] == 0
+        assert r["reset_then_steps"] == [1]  # new residuals, one step old
+
+
 def test_zero_d_empty_and_fp16_parameters_train(ranks):
     for r in ranks:
         # the empty parameter is below min_size=1 and passes through; the others are compressed

@@ -102,6 +102,16 @@ def main(out_dir: str) -> None:
                 digests.append(digest(model))
             result[f"digests_graph_{graph}_exact_{exact}"] = digests
 
+    # warm-up: 2 dense steps, then sketches; all ranks alike
+    model, gs = Mlp(5), GsSketch(ratio=0.05, min_size=64, warmup_steps=2)
+    step = make_step(model, gs)
+    digests = []
+    for i in range(4):
+        step(*batch(x, y, i))
+        digests.append(digest(model))
+    result["warmup_digests"] = digests
+    result["warmup_steps"] = {k: int(v.steps.numpy()) for k, v in gs.states.items()}
+
     # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
     n = 4
     model, gs = Mlp(2), GsSketch(ratio=0.05, min_size=64, momentum=0.5)

@@ -118,6 +118,10 @@ def resume(result: dict, x, y) -> None:
     for i in range(n, 2 * n):
         step(model, opt, x, y, i)
     result["resume_restored"] = digest(model)
+    gs.reset()  # as a Horovod elastic reset callback would: residuals start again
+    result["reset_tensors"] = len(gs.state_dict()["tensors"])
+    step(model, opt, x, y, 2 * n)
+    result["reset_then_steps"] = sorted({t["steps"] for t in gs.state_dict()["tensors"].values()})
     try:
         GsSketch(**{**options, "seed": 1}).load_state_dict(saved["gs"])
     except ValueError as e:
