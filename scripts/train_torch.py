@@ -23,8 +23,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
-from gs_horovod.baselines import METHODS, ExchangeOptimizer
-from gs_horovod.torch import GsSketch
+from gs_horovod.baselines import METHODS, distributed_optimizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,19 +74,11 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    compression = exchange = None
-    if args.compression in METHODS:
-        kw = {"rank": args.powersgd_rank} if args.compression == "powersgd" else {}
-        exchange = METHODS[args.compression](ratio=args.ratio, **kw)
-        optimizer = ExchangeOptimizer(optimizer, model.named_parameters(), exchange)
-    else:
-        if args.compression == "gs":
-            compression = GsSketch(merge=args.merge, ratio=args.ratio, rows=args.rows, width=args.width,
-                                   exact=args.exact, warmup_steps=args.warmup_steps, seed=args.seed)
-        else:
-            compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                             compression=compression)
+    gs_options = dict(merge=args.merge, rows=args.rows, width=args.width, exact=args.exact,
+                      warmup_steps=args.warmup_steps, seed=args.seed)
+    optimizer, bytes_per_step = distributed_optimizer(
+        args.compression, optimizer, model.named_parameters(),
+        ratio=args.ratio, powersgd_rank=args.powersgd_rank, **gs_options)
 
     steps_per_epoch = math.ceil(len(x_train) / args.batch_size)
     steps_per_epoch = hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item()
@@ -112,18 +103,12 @@ def main(argv: list[str] | None = None) -> dict:
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        if isinstance(compression, GsSketch):
-            bytes_per_step = compression.stats.total_bytes / max(1, compression.stats.steps)
-        elif exchange is not None:
-            bytes_per_step = exchange.bytes_sent / max(1, exchange.steps)
-        else:
-            bytes_per_step = dense_bytes / (2 if args.compression == "fp16" else 1)
         history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy,
-                        "bytes_per_step": bytes_per_step, "steps": steps_per_epoch})
+                        "bytes_per_step": bytes_per_step(), "steps": steps_per_epoch})
         bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{accuracy:.3f}")
         if hvd.rank() == 0:
             bar.write(f"epoch {epoch:3d}  loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
-                      f"bytes/step/rank {bytes_per_step:,.0f} (dense {dense_bytes:,})", file=sys.stdout)
+                      f"bytes/step/rank {bytes_per_step():,.0f} (dense {dense_bytes:,})", file=sys.stdout)
     result = {"args": vars(args), "ranks": hvd.size(), "dense_bytes_per_step": dense_bytes,
               "seconds": time.perf_counter() - start, "history": history}
     if hvd.rank() == 0:
