@@ -182,7 +182,7 @@ class GsSketch(Compressor):
         return cls._default
 
     def __repr__(self) -> str:
-        return f"GsSketch({self.config})"
+        return f"GsSketch(merge={self.merge!r}, {self.config})"
 
     @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
