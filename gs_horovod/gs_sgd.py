@@ -46,7 +46,7 @@ class GsConfig:
     """Options of gs-SGD, validated at construction.
 
     ratio: k = ceil(ratio · d) coordinates sent per tensor of d elements, in (0, 1].
-    k: a fixed k per tensor instead of ``ratio`` (clipped to d).
+    k: a fixed k per tensor instead of ``ratio`` (a compressed tensor smaller than k is an error).
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k: cols = ceil(width · k).
     seed: hash seed; must be equal on every rank.
