@@ -133,9 +133,8 @@ def cuda_aware_mpi() -> bool:
     forced = os.environ.get("GS_HOROVOD_CUDA_AWARE_MPI")
     if forced is not None:
         return forced == "1"
-    try:
-        query = ctypes.CDLL(None).MPIX_Query_cuda_support
-    except AttributeError:
+    query = getattr(ctypes.CDLL(MPI.__file__), "MPIX_Query_cuda_support", None)  # mpi4py's libmpi
+    if query is None:
         return False
     query.restype = ctypes.c_int
     return bool(query())

@@ -92,3 +92,14 @@ def test_node_aware_reduces_to_leaders_first(ranks):
     # one real host: every rank on it, one leader, no doubling at all
     real = [r["cases"]["host/float32/1000"] for r in ranks]
     assert sum(c["is_leader"] for c in real) == 1 and all(c["node_size"] == P for c in real)
+
+
+@pytest.mark.parametrize(("forced", "expected"), [(None, "False"), ("1", "True"), ("0", "False")])
+def test_cuda_aware_mpi_is_detected_not_assumed(forced, expected):
+    # Debian's Open MPI is built without CUDA: MPIX_Query_cuda_support() answers 0 here
+    env = {k: v for k, v in os.environ.items() if k != "GS_HOROVOD_CUDA_AWARE_MPI"}
+    if forced is not None:
+        env["GS_HOROVOD_CUDA_AWARE_MPI"] = forced
+    code = "from gs_horovod.mpi import cuda_aware_mpi; print(cuda_aware_mpi())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == expected, out.stderr
