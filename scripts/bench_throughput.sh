@@ -2,9 +2,10 @@
 # Bandwidth-shaped throughput: 4 ranks, each in its own network namespace on a veth link to a
 # bridge, links shaped by tc (tbf) to each RATE; every method of scripts/bench_throughput.py
 # runs under mpirun (TCP only, so no shared-memory shortcut), rank 0 appending JSON lines to
-# OUT. Root only; addresses 10.77.0.0/24 exist only inside these namespaces and the bridge.
+# OUT. The 4 ranks share this machine's cores, so idle MPI ranks yield (mpi_yield_when_idle).
+# Root only; addresses 10.77.0.0/24 exist only inside these namespaces and the bridge.
 # Everything it creates is removed on exit, failure included.
-#   bash scripts/bench_throughput.sh OUT.jsonl "1gbit 10gbit" "dense fp16 gs topk gtopk sketched powersgd" [args...]
+#   bash scripts/bench_throughput.sh OUT.jsonl "1gbit 10gbit" "none fp16 gs topk gtopk sketched powersgd" [args...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?output file}"; RATES="${2:-1gbit 10gbit}"; METHODS="${3:-none fp16 gs topk gtopk sketched powersgd}"
@@ -52,7 +53,7 @@ for rate in $RATES; do
   for method in $METHODS; do
     echo "[bench_throughput] $rate $method" >&2
     timeout 900 mpirun --allow-run-as-root -np "$N" -H "${hosts#,}" \
-      --mca plm_rsh_agent "$AGENT" --mca btl tcp,self \
+      --mca plm_rsh_agent "$AGENT" --mca btl tcp,self --mca mpi_yield_when_idle 1 \
       --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
       -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3 \
       "$PY" "$ROOT/scripts/bench_throughput.py" --method "$method" --label "$rate" --out "$OUT" "$@"
