@@ -9,6 +9,19 @@ from typing import Any
 from .gs_sgd import GsConfig
 
 
+class DefaultInstance:
+    """Gives a compressor class ``default()``: one instance with default options, made on
+    first use, that the class itself stands for when passed as ``compression``."""
+
+    _default: Any = None
+
+    @classmethod
+    def default(cls) -> Any:
+        if cls.__dict__.get("_default") is None:
+            cls._default = cls()
+        return cls._default
+
+
 class DefaultInstanceMethod:
     """A method that, looked up on the class itself, runs on the class's ``default()``
     instance, so ``compression=GsSketch`` (the class, as Horovod's own compressors are

@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
-from .compressor import DefaultInstanceMethod, config_from
+from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
 from .kernels.hashing import GOLDEN, MASK32, MIX1, MIX2
 from .sketch import CountSketch
 
@@ -107,7 +107,7 @@ class _VariableState(tf.Module):
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
 
 
-class GsSketch(Compressor, tf.Module):
+class GsSketch(DefaultInstance, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
     (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here).
 
@@ -115,7 +115,6 @@ class GsSketch(Compressor, tf.Module):
     per-variable residuals, momentum and step counts (restored when first created).
     """
 
-    _default: Optional[GsSketch] = None
 
     def __init__(self, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
@@ -124,13 +123,6 @@ class GsSketch(Compressor, tf.Module):
             raise ValueError("check_every is not supported by the TensorFlow GsSketch yet")
         self.ops = TfOps()
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
-
-    @classmethod
-    def default(cls) -> GsSketch:
-        """The instance used when the class itself is passed as ``compression``."""
-        if cls.__dict__.get("_default") is None:
-            cls._default = cls()
-        return cls._default
 
     def __repr__(self) -> str:
         return f"GsSketch({self.config})"

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .compressor import DefaultInstanceMethod, config_from
+from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
 from .gs_sgd import CommStats, GsSgd, MergeStats, Selection, TensorState
 from .kernels import torch_ops
 
@@ -140,7 +140,7 @@ class _Ctx:
     mode: str  # PASSTHROUGH (below min_size), DENSE (warm-up) or SKETCH
 
 
-class GsSketch(Compressor):
+class GsSketch(DefaultInstance, Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
 
     Floating-point gradients of at least ``min_size`` elements are sketched (in float32,
@@ -156,7 +156,6 @@ class GsSketch(Compressor):
     counts its bytes and rounds.
     """
 
-    _default: Optional[GsSketch] = None
     MERGES = ("horovod", "mpi")
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
@@ -173,13 +172,6 @@ class GsSketch(Compressor):
         self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
         self._restored: dict[str, dict[str, Any]] = {}  # load_state_dict entries not yet bound
         self._bindings: weakref.WeakKeyDictionary[Any, _Binding] = weakref.WeakKeyDictionary()  # by optimizer
-
-    @classmethod
-    def default(cls) -> GsSketch:
-        """The instance used when the class itself is passed as ``compression``."""
-        if cls.__dict__.get("_default") is None:
-            cls._default = cls()
-        return cls._default
 
     def __repr__(self) -> str:
         return f"GsSketch(merge={self.merge!r}, {self.config})"

@@ -13,17 +13,12 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # tf-keras: see docs/tensorflow.md
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import math  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-from sklearn.model_selection import train_test_split  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from demo_common import Report, digits_shard  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 
@@ -52,10 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     tf.keras.utils.set_random_seed(args.seed)
     tf.config.threading.set_intra_op_parallelism_threads(1)
 
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x.astype(np.float32) / 16.0, y, test_size=0.2, random_state=0, stratify=y)
-    x_train, y_train = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
+    x_train, y_train, x_test, y_test = digits_shard(hvd.rank(), hvd.size())
 
     model = tf.keras.Sequential([
         tf.keras.layers.Dense(args.hidden, activation="relu", input_shape=(64,)),
@@ -87,11 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
                                         op=hvd.Min, name="steps"))
     rng = np.random.default_rng(args.seed + hvd.rank())
-    history = []
-    start = time.perf_counter()
-    bar = tqdm(range(1, args.epochs + 1), desc="epochs", unit="epoch", disable=hvd.rank() != 0,
-               file=sys.stderr, mininterval=0)
-    for epoch in bar:
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: bytes_per_step, steps_per_epoch)
+    for epoch in report:
         order = rng.permutation(len(x_train))
         total = 0.0
         for step in range(steps_per_epoch):
@@ -99,20 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
             total += float(train_step(x_train[batch], y_train[batch]))
         train_loss = float(hvd.allreduce(tf.constant(total / steps_per_epoch), name="loss"))
         accuracy = float(np.mean(np.argmax(model(x_test), axis=1) == y_test))
-        history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy, "bytes_per_step": bytes_per_step})
-        bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{accuracy:.3f}")
-        if hvd.rank() == 0:
-            bar.write(f"epoch {epoch:3d}  loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
-                      f"bytes/step/rank {bytes_per_step:,.0f} (dense {dense_bytes:,})", file=sys.stdout)
-    result = {"args": vars(args), "ranks": hvd.size(), "dense_bytes_per_step": dense_bytes,
-              "seconds": time.perf_counter() - start, "history": history}
-    if hvd.rank() == 0:
-        print(f"final test accuracy {history[-1]['accuracy']:.4f} after {args.epochs} epochs "
-              f"on {hvd.size()} ranks in {result['seconds']:.1f} s", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-    return result
+        report.epoch(epoch, train_loss, accuracy)
+    return report.finish()
 
 
 if __name__ == "__main__":

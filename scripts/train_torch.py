@@ -10,18 +10,12 @@ handed to gradient collectives per step. ``--compression none`` is the dense bas
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
-import time
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from tqdm import tqdm
+from demo_common import Report, digits_shard
 
 from gs_horovod.baselines import METHODS, distributed_optimizer
 
@@ -62,13 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x.astype(np.float32) / 16.0, y, test_size=0.2, random_state=0, stratify=y)
-    x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
-    x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
-    shard = torch.arange(hvd.rank(), len(x_train), hvd.size())
-    x_train, y_train = x_train[shard], y_train[shard]
+    x_train, y_train, x_test, y_test = map(torch.from_numpy, digits_shard(hvd.rank(), hvd.size()))
 
     model = make_model(args.hidden)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
@@ -83,12 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = math.ceil(len(x_train) / args.batch_size)
     steps_per_epoch = hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item()
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    history = []
     g = torch.Generator().manual_seed(args.seed + hvd.rank())
-    start = time.perf_counter()
-    bar = tqdm(range(1, args.epochs + 1), desc="epochs", unit="epoch", disable=hvd.rank() != 0,
-               file=sys.stderr, mininterval=0)
-    for epoch in bar:
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, bytes_per_step, steps_per_epoch)
+    for epoch in report:
         model.train()
         order = torch.randperm(len(x_train), generator=g)
         total = 0.0
@@ -103,21 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-        history.append({"epoch": epoch, "loss": train_loss, "accuracy": accuracy,
-                        "bytes_per_step": bytes_per_step(), "steps": steps_per_epoch})
-        bar.set_postfix(loss=f"{train_loss:.3f}", acc=f"{accuracy:.3f}")
-        if hvd.rank() == 0:
-            bar.write(f"epoch {epoch:3d}  loss {train_loss:.4f}  test accuracy {accuracy:.4f}  "
-                      f"bytes/step/rank {bytes_per_step():,.0f} (dense {dense_bytes:,})", file=sys.stdout)
-    result = {"args": vars(args), "ranks": hvd.size(), "dense_bytes_per_step": dense_bytes,
-              "seconds": time.perf_counter() - start, "history": history}
-    if hvd.rank() == 0:
-        print(f"final test accuracy {history[-1]['accuracy']:.4f} after {args.epochs} epochs "
-              f"on {hvd.size()} ranks in {result['seconds']:.1f} s", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
-    return result
+        report.epoch(epoch, train_loss, accuracy)
+    return report.finish()
 
 
 if __name__ == "__main__":
