@@ -3,6 +3,7 @@ final summary, so both print and save the same things."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -12,6 +13,26 @@ import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
+
+
+def demo_arguments(description: str, compressions: list[str]) -> argparse.ArgumentParser:
+    """The flags both demos take (data, model, optimizer, GsSketch options, output)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compression", choices=compressions, default="gs",
+                   help="gs: GsSketch; none / fp16: Horovod's; others: baselines (torch only)")
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9, help="of the SGD optimizer")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ratio", type=float, default=0.02, help="gs: k / d per tensor")
+    p.add_argument("--rows", type=int, default=5, help="gs: sketch rows")
+    p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
+    p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
+    p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
+    p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
+    return p
 
 
 def digits_shard(rank: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

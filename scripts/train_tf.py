@@ -18,26 +18,13 @@ import math  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from demo_common import Report, digits_shard  # noqa: E402
+from demo_common import Report, demo_arguments, digits_shard  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compression", choices=["gs", "none", "fp16"], default="gs")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="of the SGD optimizer")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ratio", type=float, default=0.02, help="gs: k / d per tensor")
-    p.add_argument("--rows", type=int, default=5, help="gs: sketch rows")
-    p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
-    p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
-    p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
-    p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
+    p = demo_arguments(__doc__, ["gs", "none", "fp16"])
     return p.parse_args(argv)
 
 

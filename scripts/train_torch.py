@@ -15,30 +15,16 @@ import math
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from demo_common import Report, digits_shard
+from demo_common import Report, demo_arguments, digits_shard
 
 from gs_horovod.baselines import METHODS, distributed_optimizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compression", choices=["gs", "none", "fp16", *METHODS], default="gs",
-                   help="gs: GsSketch; none / fp16: Horovod's; topk, gtopk, sketched, powersgd: baselines")
+    p = demo_arguments(__doc__, ["gs", "none", "fp16", *METHODS])
     p.add_argument("--powersgd-rank", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--momentum", type=float, default=0.9, help="of the SGD optimizer")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ratio", type=float, default=0.02, help="gs: k / d per tensor")
-    p.add_argument("--rows", type=int, default=5, help="gs: sketch rows")
-    p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
-    p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
-    p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
-    p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
     return p.parse_args(argv)
 
 
