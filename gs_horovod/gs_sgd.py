@@ -1,36 +1,49 @@
-"""The gs-SGD step on one rank, framework-agnostic (arrays and kernels come from ``ops``).
+"""The gs-SGD step on one rank, written once for every framework (arrays and kernels come
+from an :class:`~gs_horovod.sketch.ArrayOps`, collectives from a :class:`Collectives`).
 
-For each compressed tensor (flattened to d float32 coordinates) and step t::
+A step takes the gradients g of all compressed tensors (each flattened to float32, in name
+order) and works on groups of coordinates: with ``scope="global"`` one group of all D
+coordinates (the tensors concatenated), with ``scope="layer"`` one group per tensor. For a
+group of n coordinates with k = ceil(ratio · n) (or the fixed ``k``)::
 
-    u_t   = m · u_{t-1} + g_t                 (momentum correction; u = g when m = 0)
-    a_t   = e_{t-1} + u_t                     (error feedback: add what was not sent before)
-    S_t   = CountSketch(a_t)                  (rows × cols, same hashes on every rank)
-    S̄_t  = mean over ranks of S_t            (the caller's allreduce: sketches are linear)
-    I_t   = top-k of |query(S̄_t)|            (identical on every rank: same S̄_t, same hashes)
-    v_t   = mean over ranks of a_t[I_t]       (exact: a second, k-sized allreduce) or
-            query(S̄_t)[I_t]                  (estimate: no second round)
-    Δ_t   = v_t scattered into zeros(d)       (the update the optimizer sees)
-    e_t   = a_t with e_t[I_t] = 0            (this rank's a_t[I_t] went into the merge)
-    u_t[I_t] = 0                              (momentum factor masking, only when m > 0)
+    u_t   = m · u_{t-1} + g_t                (momentum correction; u = g when m = 0)
+    a_t   = e_{t-1} + u_t                    (error feedback: what was not sent before)
+    F_t   = top-(L·k) of |a_t|               (pre-filter; F_t = everything when L = 0)
+    S_t   = CountSketch(a_t restricted to F_t)           rows × cols, cols = ceil(width · k)
+    S̄_t  = mean over ranks of S_t           (ONE allreduce for all groups: sketches are linear)
+    C_t   = top-(m·k) of |median estimate from S̄_t|     (candidates; identical on every rank)
+    v_t   = mean over ranks of a_t[C_t]      (the exact round: ONE allreduce of all candidates)
+    I_t   = top-k of |v_t| within C_t;  Δ_t = v_t[I_t] scattered into zeros
+    e_t   = a_t − a_t[I_t]   (this rank's a_t at I_t went into Δ_t); u_t[I_t] = 0 when m > 0
 
-So Σ_ranks e_t + Σ_ranks a_t[I_t] = Σ_ranks a_t exactly, and with the exact round
-P·Δ_t = Σ_ranks a_t[I_t]: nothing is lost, only delayed. Without it Δ_t carries the sketch's
-estimation error on I_t instead. (Subtracting the estimate instead of zeroing, so that the
-error stays in the residual, diverged in our tests when estimates were noisy.) During the first
-``warmup_steps`` steps of a tensor, a_t itself is the payload (a dense mean) and e_t = 0.
+Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
+only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t). Either way
+Σ_ranks e_t + P · Δ_t = Σ_ranks a_t exactly with the exact round: nothing is lost, only delayed.
+
+During the first ``warmup_steps`` steps a_t itself is averaged (dense) and e_t = 0. A merged
+payload with NaN/Inf means some rank's a_t was not finite (the pre-filter ranks NaN/Inf as the
+largest magnitudes, so they always reach the sketch): ``nonfinite="raise"`` raises on every
+rank naming the tensors, ``"skip"`` returns zero updates; either way nothing is committed.
+
+The step is functional: it returns the new state and the adapter stores it, so TensorFlow can
+run it as graph code (``ops.cond`` is ``tf.cond`` there and a plain ``if`` in torch).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol
 
 from .kernels import BACKENDS
-from .kernels.hashing import MAX_COLS
-from .sketch import Array, ArrayOps, CountSketch
+from .kernels.hashing import HASH_VERSION, MAX_COLS, row_keys
+from .sketch import Array, ArrayOps
 
 NONFINITE = ("raise", "skip")
+SCOPES = ("global", "layer")
+SKETCH_DTYPES = ("float16", "float32")
+DEFAULT_RATIO = 0.01
+DEFAULT_CANDIDATES = 2
 
 
 def _check_number(name: str, value: Any, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
@@ -41,30 +54,45 @@ def _check_number(name: str, value: Any, kind: type, low: float, high: float, *,
         raise ValueError(f"{name} must be in {left}{low}, {high}], got {value!r}")
 
 
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class GsConfig:
     """Options of gs-SGD, validated at construction.
 
-    ratio: k = ceil(ratio · d) coordinates sent per tensor of d elements, in (0, 1].
-    k: a fixed k per tensor instead of ``ratio`` (a compressed tensor smaller than k is an error).
+    scope: "global" (one sketch of all compressed coordinates per step, k = ceil(ratio · D))
+        or "layer" (one sketch per tensor, k = ceil(ratio · d) each).
+    ratio: fraction of coordinates applied per step, in (0, 1]; default 0.01 unless ``k`` is given.
+    k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k: cols = ceil(width · k).
+    candidates: m; the sketch nominates m·k coordinates and the exact round picks k of them
+        (m > 1 needs ``exact``); default 2 with the exact round, 1 without.
+    prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
+    sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
-    exact: run the second, k-sized allreduce for the exact values of the heavy hitters.
-    warmup_steps: steps per tensor sent dense before sketching starts.
+    exact: run the second, (m·k)-sized allreduce for the exact values of the candidates.
+    warmup_steps: steps sent dense before sketching starts.
     min_size: tensors with fewer elements are sent dense, uncompressed.
     momentum: momentum-correction factor m in [0, 1) (use with a momentum-free optimizer).
-    backend: sketch kernels: "auto", "torch", "numba" (CPU) or "cuda" (Numba CUDA).
-    nonfinite: a NaN/Inf in a merged gradient on any rank: "raise" an error on every rank, or
-        "skip" the tensor's update for that step; either way residuals stay as before it.
+    backend: sketch kernels: "auto", "torch", "numba" (CPU) or "cuda" (Numba CUDA); torch only.
+    nonfinite: a NaN/Inf in a merged payload: "raise" on every rank, or "skip" the step's update;
+        either way residuals stay as before the step.
     check_every: every N steps, compare a checksum of the selected indices across ranks and
         raise on every rank if they differ (0: never; a debugging aid, costs a sync).
     """
 
-    ratio: float = 0.01
+    scope: str = "global"
+    ratio: Optional[float] = None
     k: Optional[int] = None
-    rows: int = 5
-    width: float = 4.0
+    rows: int = 3
+    width: float = 2.0
+    candidates: Optional[int] = None
+    prefilter: int = 1
+    sketch_dtype: str = "float16"
     seed: int = 0
     exact: bool = True
     warmup_steps: int = 0
@@ -75,73 +103,305 @@ class GsConfig:
     check_every: int = 0
 
     def __post_init__(self) -> None:
-        _check_number("ratio", self.ratio, float, 0.0, 1.0, low_open=True)
+        _check_choice("scope", self.scope, SCOPES)
+        if self.ratio is not None:
+            _check_number("ratio", self.ratio, float, 0.0, 1.0, low_open=True)
         if self.k is not None:
             _check_number("k", self.k, int, 1, 2**62)
-        _check_number("rows", self.rows, int, 1, 255)
+            if self.ratio is not None:
+                raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
+        _check_number("rows", self.rows, int, 1, 31)
         _check_number("width", self.width, float, 0.0, float(MAX_COLS), low_open=True)
+        if self.candidates is not None:
+            _check_number("candidates", self.candidates, int, 1, 1024)
+        _check_number("prefilter", self.prefilter, int, 0, 1024)
+        _check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
         _check_number("seed", self.seed, int, 0, 2**64 - 1)
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be a bool, got {type(self.exact).__name__}")
+        if self.candidates is not None and self.candidates > 1 and not self.exact:
+            raise ValueError(f"candidates={self.candidates} needs the exact round (exact=True)")
         _check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         _check_number("min_size", self.min_size, int, 1, 2**62)
         _check_number("momentum", self.momentum, float, 0.0, 1.0)
         if self.momentum == 1.0:
             raise ValueError("momentum must be in [0.0, 1.0), got 1.0")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.nonfinite not in NONFINITE:
-            raise ValueError(f"nonfinite must be one of {NONFINITE}, got {self.nonfinite!r}")
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("nonfinite", self.nonfinite, NONFINITE)
         _check_number("check_every", self.check_every, int, 0, 2**62)
 
-    def k_for(self, d: int) -> int:
-        """Coordinates sent for a tensor of d elements."""
-        return self.k if self.k is not None else min(d, max(1, math.ceil(self.ratio * d)))
+    def k_for(self, n: int) -> int:
+        """Coordinates applied per step for a group of n coordinates."""
+        if self.k is not None:
+            return self.k
+        ratio = DEFAULT_RATIO if self.ratio is None else self.ratio
+        return min(n, max(1, math.ceil(ratio * n)))
 
-    def cols_for(self, d: int) -> int:
-        """Sketch columns for a tensor of d elements."""
-        return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(d))))
+    @property
+    def m(self) -> int:
+        """Candidates per selected coordinate (``candidates``, or its default)."""
+        return self.candidates if self.candidates is not None else (DEFAULT_CANDIDATES if self.exact else 1)
 
-    def payload_numel(self, d: int) -> int:
-        """Elements this rank puts on the wire per step for a tensor of d elements."""
-        return self.rows * self.cols_for(d) + (self.k_for(d) if self.exact else 0)
+    def cols_for(self, n: int) -> int:
+        """Sketch columns for a group of n coordinates."""
+        return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(n))))
+
+    def digest(self) -> int:
+        """A 62-bit digest of everything that must agree across ranks (options and hash version)."""
+        import zlib
+
+        return zlib.crc32(repr((self, HASH_VERSION)).encode()) & (2**62 - 1)
+
+
+@dataclass(frozen=True)
+class Group:
+    """A run of coordinates [start, start + size) of the step's vector, sketched together."""
+
+    start: int
+    size: int
+    k: int
+    cols: int
+    fed: int  # coordinates each rank feeds the sketch (L·k, or size without pre-filter)
+    candidates: int  # coordinates the merged sketch nominates (m·k)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where each tensor of a step sits, and the groups that are sketched.
+
+    names / sizes / offsets: the compressed tensors (sorted by name) in the step's vector of
+    ``total`` = D coordinates; dense_names / dense_sizes: the tensors below ``min_size``, sent
+    exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`.
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    groups: tuple[Group, ...]
+    total: int
+    dense_names: tuple[str, ...] = ()
+    dense_sizes: tuple[int, ...] = ()
+
+    @classmethod
+    def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
+              dense_sizes: tuple[int, ...] = ()) -> Layout:
+        """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group."""
+        offsets, start = [], 0
+        for n in sizes:
+            offsets.append(start)
+            start += n
+        if config.scope == "global":
+            spans = [(0, start, "all compressed tensors")] if start else []
+        else:
+            spans = list(zip(offsets, sizes, names))
+        groups = []
+        for first, size, name in spans:
+            if config.k is not None and config.k > size:
+                raise ValueError(f"k={config.k} exceeds the {size} elements of {name!r} (scope={config.scope!r}); "
+                                 "raise min_size above k or use ratio")
+            k = config.k_for(size)
+            fed = min(size, config.prefilter * k) if config.prefilter else size
+            groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.m * k)))
+        return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
+                   tuple(dense_sizes))
+
+    @property
+    def all_names(self) -> tuple[str, ...]:
+        return self.names + self.dense_names
+
+    @property
+    def all_sizes(self) -> tuple[int, ...]:
+        return self.sizes + self.dense_sizes
+
+    def payload_bytes(self, config: GsConfig) -> tuple[int, int, int]:
+        """(sketch, exact-round, dense) bytes one rank hands to collectives per sketched step."""
+        itemsize = 2 if config.sketch_dtype == "float16" else 4
+        sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
+        exact = sum(g.candidates for g in self.groups) * 4 if config.exact else 0
+        return sketch, exact, sum(self.dense_sizes) * 4
+
+
+class Collectives(Protocol):
+    """The collectives a step needs, over the ranks of one optimizer (framework's own)."""
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        """x (n,) f32 or f16, averaged (op Average) or summed (op Sum) over ranks; the result is
+        bitwise identical on every rank."""
+
+    def same_on_every_rank(self, value: Any, name: str) -> Any:
+        """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
 
 
 @dataclass
-class TensorState:
-    """Per-tensor state on one rank.
+class StepResult:
+    """What one step returns: the updates (d_i,) f32 per tensor, the state to store (residuals
+    (d_i,) f32, momenta (empty when m = 0), steps) and whether the step was applied (a
+    predicate: false when ``nonfinite="skip"`` dropped it). Under TensorFlow every tensor here
+    carries a control dependency on the step's checks (options, NaN/Inf, selections)."""
 
-    residual: (d,) f32 error-feedback memory e.
-    momentum: (d,) f32 momentum-correction buffer u, or None when m = 0.
-    steps: how many steps of the tensor were committed.
-    acc, next_momentum: a_t and u_t of the step in flight, committed by ``apply`` or
-        ``commit_dense`` once the merge came back finite, dropped by ``discard``.
-    """
-
-    residual: Array
-    momentum: Optional[Array]
-    steps: int = 0
-    acc: Optional[Array] = None
-    next_momentum: Optional[Array] = None
+    updates: list[Array]
+    residuals: list[Array]
+    momenta: list[Array]
+    steps: Any
+    applied: Any
 
 
-@dataclass
-class Selection:
-    """The heavy hitters of one tensor in one step.
+class GsSgd:
+    """gs-SGD for one optimizer on one rank: config, array ops and collectives; stateless
+    itself (the adapter keeps residuals, momenta and the step count)."""
 
-    indices: (k,) int64 ascending; estimates: (k,) f32 from the merged sketch;
-    local: (k,) f32 this rank's a_t at those indices (what the exact round averages).
-    """
+    def __init__(self, config: GsConfig, ops: ArrayOps, comm: Collectives) -> None:
+        self.config, self.ops, self.comm = config, ops, comm
+        self.keys = row_keys(config.seed, config.rows)
 
-    indices: Array
-    estimates: Array
-    local: Array
+    def step(self, layout: Layout, grads: list[Array], residuals: list[Array], momenta: list[Array],
+             steps: Any, check_options: Any, dense: list[Array] = ()) -> StepResult:
+        """One step of every tensor of ``layout``: grads and residuals (and momenta when m > 0,
+        else []) of the compressed tensors in its order, each (d_i,) f32, and ``dense`` (d_j,)
+        f32, the tensors sent exactly. ``steps``: steps done so far (int or scalar tensor);
+        ``check_options``: a predicate, true at an optimizer's first step, to compare the
+        options' digest across ranks first. Updates come in ``layout.all_names`` order."""
+        cfg, ops = self.config, self.ops
+        checks = [ops.when(check_options, self._check_options)]
+        a = u = None
+        if layout.names:
+            g = ops.concat(grads)
+            u = ops.concat(momenta) * cfg.momentum + g if cfg.momentum else g
+            a = ops.concat(residuals) + u
+        exact_part = ops.concat(list(dense)) if layout.dense_names else None
+        state = (layout, a, u, exact_part, residuals, momenta, steps, checks)
+        if not layout.groups:
+            out = self._dense(*state)
+        elif cfg.warmup_steps:
+            out = ops.cond(steps < cfg.warmup_steps, lambda: self._dense(*state), lambda: self._sketched(*state))
+        else:
+            out = self._sketched(*state)
+        return StepResult(*out)
+
+    def _check_options(self) -> Any:
+        same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
+        return self.ops.fail_unless(same, ValueError, lambda: [
+            "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
+            f"this rank has {self.config} with hash version {HASH_VERSION}"])
+
+    def _dense(self, layout: Layout, a: Array, u: Array, dense: Array, residuals: list[Array],
+               momenta: list[Array], steps: Any, checks: list[Any]) -> tuple:
+        """Warm-up (and steps with nothing to sketch): everything averaged as it is; residual
+        and momentum restart at zero."""
+        ops = self.ops
+        full = ops.concat([x for x in (a, dense) if x is not None])
+        mean = self.comm.allreduce(full, "gs_horovod.dense")
+        finite = ops.all_finite(mean)
+        checks = [*checks, self._fail_unless_finite(layout, finite, full, steps)]
+        zeros = [ops.zeros((d,), full) for d in layout.sizes]
+        return self._finish(layout, finite, mean, zeros, zeros if momenta else [], residuals, momenta, steps, checks)
+
+    def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residuals: list[Array],
+                  momenta: list[Array], steps: Any, checks: list[Any]) -> tuple:
+        cfg, ops = self.config, self.ops
+        full = a if dense is None else ops.concat([a, dense])
+        tables, fed = [], []
+        for grp in layout.groups:
+            part = ops.slice(a, grp.start, grp.size)
+            table = ops.zeros((cfg.rows, grp.cols), a)
+            if cfg.prefilter:
+                idx = ops.top_abs(part, grp.fed)
+                table = ops.sketch_accumulate_at(table, idx, ops.take(part, idx), self.keys)
+                fed.append(idx + grp.start)
+            else:
+                table = ops.sketch_accumulate(table, part, self.keys, 0)
+            tables.append(ops.reshape(table, (-1,)))
+        merged = ops.cast(self.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
+                          "float32")
+        finite = ops.all_finite(merged)
+        checks = [*checks, self._fail_unless_finite(layout, finite, full, steps)]
+        picks, start = [], 0
+        for grp in layout.groups:
+            table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
+            start += cfg.rows * grp.cols
+            idx, est = ops.heavy_hitters(table, self.keys, grp.size, grp.candidates)
+            picks.append((idx + grp.start, est))
+        n_dense = sum(layout.dense_sizes)
+        if cfg.exact:
+            cand = ops.concat([idx for idx, _ in picks])
+            ncand = sum(grp.candidates for grp in layout.groups)
+            local = ops.take(a, cand) if dense is None else ops.concat([ops.take(a, cand), dense])
+            reduced = self.comm.allreduce(local, "gs_horovod.exact")
+            exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, n_dense)
+            finite = ops.logical_and(finite, ops.all_finite(reduced))
+            checks.append(self._fail_unless_finite(layout, finite, full, steps))
+            chosen, values, first = [], [], 0
+            for grp in layout.groups:
+                vals = ops.slice(exact, first, grp.candidates)
+                best = ops.top_abs(vals, grp.k)
+                chosen.append(ops.take(ops.slice(cand, first, grp.candidates), best))
+                values.append(ops.take(vals, best))
+                first += grp.candidates
+            sel, values = ops.concat(chosen), ops.concat(values)
+            sent = ops.take(a, sel)
+        else:
+            sel, values = ops.concat([idx for idx, _ in picks]), ops.concat([est for _, est in picks])
+            sent = ops.take(a, sel)
+            if cfg.prefilter:
+                sent = ops.where(ops.isin_sorted(sel, ops.concat(fed)), sent, ops.zeros_like(sent))
+            dense_mean = None
+            if dense is not None:
+                dense_mean = self.comm.allreduce(dense, "gs_horovod.dense")
+                finite = ops.logical_and(finite, ops.all_finite(dense_mean))
+                checks.append(self._fail_unless_finite(layout, finite, full, steps))
+        if cfg.check_every:
+            checks.append(ops.when(steps % cfg.check_every == 0, lambda: self._check_selection(sel, steps)))
+        new_momenta = ops.split(ops.scatter_sub(u, sel, ops.take(u, sel)), layout.sizes) if cfg.momentum else []
+        new_residuals = ops.split(ops.scatter_sub(a, sel, sent), layout.sizes)
+        update = ops.scatter(layout.total, sel, values, a)
+        if dense_mean is not None:
+            update = ops.concat([update, dense_mean])
+        return self._finish(layout, finite, update, new_residuals, new_momenta, residuals, momenta, steps, checks)
+
+    def _finish(self, layout: Layout, finite: Any, update: Array, new_residuals: list[Array],
+                new_momenta: list[Array], residuals: list[Array], momenta: list[Array], steps: Any,
+                checks: list[Any]) -> tuple:
+        """(updates, residuals, momenta, steps, applied), all after ``checks``; under
+        nonfinite="skip" a non-finite step keeps the old state and returns zero updates (on
+        every rank alike: the merged payloads are the same everywhere)."""
+        ops = self.ops
+        applied = (ops.split(update, layout.all_sizes), new_residuals, new_momenta, steps + 1, finite)
+        if self.config.nonfinite == "skip":
+            zeros = [ops.zeros((d,), update) for d in layout.all_sizes]
+            applied = ops.cond(finite, lambda: applied, lambda: (zeros, residuals, momenta, steps, finite))
+        return ops.after(checks, applied)
+
+    def _fail_unless_finite(self, layout: Layout, finite: Any, full: Array, steps: Any) -> Any:
+        """Under nonfinite="raise", fails on every rank (the merged payload is the same
+        everywhere) naming the tensors whose a_t is NaN/Inf on some rank; one small allreduce,
+        on the error path only."""
+        ops = self.ops
+        if self.config.nonfinite != "raise":
+            return ops.when(False, lambda: None)
+
+        def message() -> list[Any]:
+            flags, start = [], 0
+            for d in layout.all_sizes:
+                flags.append(ops.not_finite(ops.slice(full, start, d)))
+                start += d
+            anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
+            return ["GsSketch: the gradient of ", ops.join_names(layout.all_names, anywhere),
+                    " is NaN or infinite on at least one rank at step ", steps,
+                    "; residuals are left as before the step. GsSketch(nonfinite='skip') skips such steps instead."]
+
+        return ops.fail_unless(finite, FloatingPointError, message)
+
+    def _check_selection(self, sel: Array, steps: Any) -> Any:
+        same = self.comm.same_on_every_rank(self.ops.checksum(sel), "gs_horovod.selections")
+        return self.ops.fail_unless(same, RuntimeError, lambda: [
+            "GsSketch: ranks selected different heavy hitters at step ", steps,
+            " (checked because check_every is set); their models are diverging"])
 
 
 @dataclass
 class CommStats:
     """Payload bytes this rank handed to collectives, by path, and steps (cumulative);
-    ``skipped``: tensor updates dropped for NaN/Inf under nonfinite="skip"."""
+    ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
 
     sketch_bytes: int = 0
     exact_bytes: int = 0
@@ -164,81 +424,3 @@ class MergeStats:
     node_rounds: int = 0
     calls: int = 0
 
-
-@dataclass
-class GsSgd:
-    """gs-SGD state of one rank: per-tensor residuals keyed by a stable tensor name."""
-
-    config: GsConfig
-    ops: ArrayOps
-    states: dict[str, TensorState] = field(default_factory=dict)
-
-    def uses_sketch(self, name: str) -> bool:
-        """Whether the tensor's next encode sketches (False while warming up)."""
-        st = self.states.get(name)
-        return (st.steps if st else 0) >= self.config.warmup_steps
-
-    def encode(self, name: str, grad: Array) -> Array:
-        """Takes g (d,) f32; returns the payload to average (or sum) across ranks: a new sketch
-        table (rows, cols) f32, or during warm-up a_t (d,) f32 itself. Nothing is committed
-        until the merge returns (``apply``/``commit_dense``), so a step whose merge is
-        non-finite can be dropped (``discard``) with the residual as it was."""
-        d = int(grad.shape[0])
-        cfg = self.config
-        if cfg.k is not None and cfg.k > d:
-            raise ValueError(
-                f"k={cfg.k} exceeds the {d} elements of tensor {name!r}; raise min_size above k or use ratio"
-            )
-        st = self.states.get(name)
-        if st is None or int(st.residual.shape[0]) != d:
-            momentum = self.ops.zeros((d,), grad) if cfg.momentum else None
-            st = self.states[name] = TensorState(self.ops.zeros((d,), grad), momentum)
-        u = grad
-        if st.momentum is not None:
-            u = st.next_momentum = st.momentum * cfg.momentum + grad
-        st.acc = st.residual + u
-        if st.steps < cfg.warmup_steps:
-            return st.acc + 0.0  # a copy: the collective may overwrite its payload in place
-        return CountSketch.zeros(cfg.rows, cfg.cols_for(d), cfg.seed, self.ops, grad).accumulate(st.acc).table
-
-    def select(self, name: str, merged_table: Array) -> Selection:
-        """Heavy hitters of the merged (rows, cols) sketch, with this rank's local values."""
-        st = self.states[name]
-        d = int(st.residual.shape[0])
-        sketch = CountSketch(self.config.rows, self.config.cols_for(d), self.config.seed, self.ops, merged_table)
-        idx, est = sketch.heavy_hitters(self.config.k_for(d), d)
-        return Selection(idx, est, self.ops.take(st.acc, idx))
-
-    def apply(self, name: str, selection: Selection, values: Array) -> Array:
-        """Commits the step and returns the update Δ (d,) f32 holding ``values`` at the selected
-        indices; this rank's a_t[I] went into the merge, so it leaves the residual (and u_t[I]
-        leaves the momentum buffer)."""
-        st = self.states[name]
-        d = int(st.residual.shape[0])
-        st.residual = self.ops.scatter_sub(st.acc, selection.indices, selection.local)
-        if st.momentum is not None:
-            momentum_sent = self.ops.take(st.next_momentum, selection.indices)
-            st.momentum = self.ops.scatter_sub(st.next_momentum, selection.indices, momentum_sent)
-        self._end_step(st)
-        return self.ops.scatter(d, selection.indices, values)
-
-    def commit_dense(self, name: str) -> None:
-        """Commits a warm-up step: all of a_t was sent, so residual (and momentum) restart at 0."""
-        st = self.states[name]
-        st.residual = self.ops.zeros(tuple(st.residual.shape), st.residual)
-        if st.momentum is not None:
-            st.momentum = self.ops.zeros(tuple(st.momentum.shape), st.momentum)
-        self._end_step(st)
-
-    def discard(self, name: str) -> bool:
-        """Drops the step in flight (residual and momentum stay as before it); returns whether
-        this rank's a_t was finite, to tell which rank brought a non-finite value."""
-        st = self.states[name]
-        finite = st.acc is None or self.ops.all_finite(st.acc)
-        st.acc = st.next_momentum = None
-        return finite
-
-    @staticmethod
-    def _end_step(st: TensorState) -> None:
-        st.acc = st.next_momentum = None
-        st.steps += 1

@@ -60,8 +60,9 @@ class Communicators:
 def tree_allreduce(buf: Any, comms: Communicators, stats: Optional[MergeStats] = None) -> Any:
     """Returns the elementwise sum of ``buf`` over all ranks, as a new array of its kind.
 
-    buf: (n,) float32/float64, contiguous, the same shape and dtype on every rank: a NumPy
-    array, or a torch CUDA tensor when MPI is CUDA-aware (see :func:`tree_allreduce_tensor`).
+    buf: (n,) float16/float32/float64, contiguous, the same shape and dtype on every rank: a
+    NumPy array, or a torch CUDA tensor when MPI is CUDA-aware (see :func:`tree_allreduce_tensor`).
+    MPI has no float16 type: float16 buffers travel as raw bytes and are added here.
     """
     if len(buf.shape) != 1:
         raise ValueError(f"tree_allreduce takes a 1-D array, got shape {tuple(buf.shape)}")
@@ -70,17 +71,26 @@ def tree_allreduce(buf: Any, comms: Communicators, stats: Optional[MergeStats] =
     acc = _copy(buf)
     node = comms.node
     if node.Get_size() > 1:
-        recv = _empty_like(acc) if node.Get_rank() == 0 else None
-        node.Reduce(acc, recv, op=MPI.SUM, root=0)
         if node.Get_rank() != 0:
             stats.bytes_sent += acc.nbytes
+            if _is_half(acc):
+                node.Send(_raw(acc), dest=0, tag=_TAG)
+            else:
+                node.Reduce(acc, None, op=MPI.SUM, root=0)
+        elif _is_half(acc):  # the leader adds the others' halves in rank order
+            recv = _empty_like(acc)
+            for source in range(1, node.Get_size()):
+                node.Recv(_raw(recv), source=source, tag=_TAG)
+                acc = _sync(acc + recv)
         else:
+            recv = _empty_like(acc)
+            node.Reduce(acc, recv, op=MPI.SUM, root=0)
             acc = recv
         stats.node_rounds += 1
     if comms.leaders is not None:
         acc = _recursive_doubling(acc, comms.leaders, stats)
     if node.Get_size() > 1:
-        node.Bcast(acc, root=0)
+        node.Bcast(_raw(acc), root=0)
         stats.node_rounds += 1
         if node.Get_rank() == 0:
             stats.bytes_sent += acc.nbytes * (node.Get_size() - 1)
@@ -94,17 +104,16 @@ def _recursive_doubling(acc: np.ndarray, comm: MPI.Comm, stats: MergeStats) -> n
     pof2 = 1 << (size.bit_length() - 1)
     extra = size - pof2
     recv = _empty_like(acc)
-    tag = 0x6753  # "gS"
     # fold: of each pair (2i, 2i+1) with i < extra, the even rank hands its data to the odd one
     if rank < 2 * extra:
         if rank % 2 == 0:
-            comm.Send(acc, dest=rank + 1, tag=tag)
+            comm.Send(_raw(acc), dest=rank + 1, tag=_TAG)
             stats.bytes_sent += acc.nbytes
             stats.doubling_rounds += 1
-            comm.Recv(acc, source=rank + 1, tag=tag)
+            comm.Recv(_raw(acc), source=rank + 1, tag=_TAG)
             stats.doubling_rounds += 1
             return acc
-        comm.Recv(recv, source=rank - 1, tag=tag)
+        comm.Recv(_raw(recv), source=rank - 1, tag=_TAG)
         acc = _sync(acc + recv)
         stats.doubling_rounds += 1
         vrank = rank // 2
@@ -114,13 +123,13 @@ def _recursive_doubling(acc: np.ndarray, comm: MPI.Comm, stats: MergeStats) -> n
     while mask < pof2:
         vpartner = vrank ^ mask
         partner = vpartner * 2 + 1 if vpartner < extra else vpartner + extra
-        comm.Sendrecv(acc, dest=partner, sendtag=tag, recvbuf=recv, source=partner, recvtag=tag)
+        comm.Sendrecv(_raw(acc), dest=partner, sendtag=_TAG, recvbuf=_raw(recv), source=partner, recvtag=_TAG)
         acc = _sync(acc + recv)
         stats.bytes_sent += acc.nbytes
         stats.doubling_rounds += 1
         mask <<= 1
     if rank < 2 * extra:  # unfold: return the total to the even partner
-        comm.Send(acc, dest=rank - 1, tag=tag)
+        comm.Send(_raw(acc), dest=rank - 1, tag=_TAG)
         stats.bytes_sent += acc.nbytes
         stats.doubling_rounds += 1
     return acc
@@ -150,6 +159,24 @@ def tree_allreduce_tensor(tensor: Any, comms: Communicators, stats: Optional[Mer
         return tree_allreduce(_sync(tensor.detach().contiguous()), comms, stats)
     result = tree_allreduce(tensor.detach().cpu().contiguous().numpy(), comms, stats)
     return torch.from_numpy(result).to(tensor.device)
+
+
+_TAG = 0x6753  # "gS"
+
+
+def _is_half(x: Any) -> bool:
+    return str(x.dtype) in ("float16", "torch.float16")
+
+
+def _raw(x: Any) -> Any:
+    """x as raw bytes for point-to-point transfers when MPI has no type for it (float16)."""
+    if not _is_half(x):
+        return x
+    if isinstance(x, np.ndarray):
+        return x.view(np.uint8)
+    import torch
+
+    return x.view(torch.uint8)
 
 
 def _copy(x: Any) -> Any:

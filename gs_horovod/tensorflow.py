@@ -1,30 +1,31 @@
-"""GsSketch for ``horovod.tensorflow`` (and ``horovod.tensorflow.keras``): gs-SGD in TF ops.
+"""GsSketch for ``horovod.tensorflow`` (and ``horovod.tensorflow.keras``): the gs-SGD engine
+(:mod:`gs_horovod.gs_sgd`) in TF ops.
 
-    tape = hvd.DistributedGradientTape(tape, compression=GsSketch)          # defaults
-    opt = hvd.DistributedOptimizer(opt, compression=GsSketch(ratio=0.01))   # Keras / TF1
+    tape = hvd.DistributedGradientTape(tape, compression=GsSketch())        # defaults
+    opt = hvd.DistributedOptimizer(opt, compression=GsSketch(ratio=0.01))   # tf-keras
 
-Horovod builds its gradient allreduces inside a ``tf.function``, so everything here is graph
-code: per-variable state lives in ``tf.Variable``s (created once, outside any function, by
-``tf.init_scope``), and the per-step logic is TF ops, so it runs the same eagerly and in
-``@tf.function``. The sketch is :class:`gs_horovod.sketch.CountSketch` over :class:`TfOps`,
-whose hashes are bit for bit those of the torch backends.
+Horovod builds its gradient allreduces inside a ``tf.function`` (``allreduce_grads(grads,
+vars)``), each in its own ``tf.cond`` branch, so everything here is graph code and state
+lives in ``tf.Variable``s (created once, outside any function, by ``tf.init_scope``). The
+first ``compress`` of a step finds ``allreduce_grads`` up the stack with every gradient and
+variable, runs the whole engine step there (one sketch merge, one exact round), stores the new
+residuals and writes every update into one flat variable; each ``compress`` then hands
+Horovod one float, and each ``decompress`` reads its slice of that variable (TensorFlow orders
+the reads after the write: they use the same resource).
 
-Horovod hands ``compress`` only the gradient; its caller ``allreduce_grads(grads, vars)`` has
-the variables, so GsSketch finds the variable of a gradient there (by identity, at trace
-time) and keys state by its ``.ref()``. Names for the exact round and checkpoints come from
-the variable's path (``var.path`` in Keras 3, else ``var.name``).
-
-Semantics match the torch GsSketch (:class:`gs_horovod.gs_sgd.GsConfig`); differences: the
-exact round is one allreduce per variable (TF runs Horovod ops asynchronously, so their order
-does not matter), ``IndexedSlices`` go Horovod's allgather way uncompressed unless the
-optimizer is given ``sparse_as_dense=True``, and ``merge="mpi"`` is torch-only.
+State (residual and momentum per variable path, and per optimizer the step count) is tracked
+by this ``tf.Module``: put it in a ``tf.train.Checkpoint(..., compression=gs)`` to save and
+restore it. ``merge="mpi"`` runs the sketch merge and the exact round as
+:func:`gs_horovod.mpi.tree_allreduce` over mpi4py (``tf.numpy_function``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Optional
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -32,36 +33,10 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
 from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
-from .kernels.hashing import GOLDEN, MASK32, MIX1, MIX2
-from .sketch import CountSketch
+from .gs_sgd import GsConfig, GsSgd, Layout, MergeStats
+from .kernels import tf_ops
 
-
-def _mul32(x: tf.Tensor, m: int) -> tf.Tensor:
-    """(x * m) mod 2^32 for int64 x in [0, 2^32), without overflow (as kernels/torch_ops.py)."""
-    lo = x * (m & 0xFFFF)
-    hi = tf.bitwise.left_shift(tf.bitwise.bitwise_and(x * (m >> 16), 0xFFFF), 16)
-    return tf.bitwise.bitwise_and(lo + hi, MASK32)
-
-
-def _hash(lo: tf.Tensor, hi_mix: tf.Tensor, key: int) -> tf.Tensor:
-    x = tf.bitwise.bitwise_and(tf.bitwise.bitwise_xor(lo, key) + hi_mix, MASK32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-    x = _mul32(x, MIX1)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 13))
-    x = _mul32(x, MIX2)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-
-
-def _buckets_signs(keys: np.ndarray, cols: int, offset: int, n: Any) -> list[tuple[tf.Tensor, tf.Tensor]]:
-    g = tf.range(offset, offset + tf.cast(n, tf.int64), dtype=tf.int64)
-    lo = tf.bitwise.bitwise_and(g, MASK32)
-    hi_mix = tf.bitwise.bitwise_and(tf.bitwise.right_shift(g, 32) * GOLDEN, MASK32)
-    out = []
-    for key in keys.tolist():
-        h = _hash(lo, hi_mix, key)
-        sign = 1.0 - 2.0 * tf.cast(tf.bitwise.bitwise_and(h, 1), tf.float32)
-        out.append((tf.bitwise.right_shift(h * cols, 32), sign))
-    return out
+_DTYPES = {"float16": tf.float16, "float32": tf.float32}
 
 
 class TfOps:
@@ -70,159 +45,300 @@ class TfOps:
     def zeros(self, shape: tuple[int, ...], like: Any) -> tf.Tensor:
         return tf.zeros(shape, tf.float32)
 
-    def sketch_accumulate(self, table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
-        cols = int(table.shape[1])
-        hashes = _buckets_signs(keys, cols, offset, tf.size(vec))
-        return table + tf.stack([tf.math.unsorted_segment_sum(s * vec, b, cols) for b, s in hashes])
+    def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.zeros_like(x)
 
-    def sketch_query(self, table: tf.Tensor, keys: np.ndarray, offset: int, length: int) -> tf.Tensor:
-        rows, cols = int(table.shape[0]), int(table.shape[1])
-        est = tf.sort(tf.stack([tf.gather(table[j], b) * s
-                                for j, (b, s) in enumerate(_buckets_signs(keys, cols, offset, length))]), axis=0)
-        return est[rows // 2] if rows % 2 else (est[rows // 2 - 1] + est[rows // 2]) * 0.5
+    def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
+        return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
 
-    def top_abs(self, x: tf.Tensor, k: int) -> tf.Tensor:
-        return tf.sort(tf.cast(tf.math.top_k(tf.abs(x), k, sorted=False).indices, tf.int64))
+    def split(self, x: tf.Tensor, sizes: tuple[int, ...]) -> list[tf.Tensor]:
+        return [x] if len(sizes) == 1 else tf.split(x, list(sizes))
+
+    def slice(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
+        return x[start:start + size]
+
+    def reshape(self, x: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
+        return tf.reshape(x, shape)
+
+    def stack(self, xs: list[tf.Tensor]) -> tf.Tensor:
+        return tf.stack(xs)
+
+    def cast(self, x: tf.Tensor, dtype: str) -> tf.Tensor:
+        return tf.cast(x, _DTYPES[dtype])
 
     def take(self, x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
         return tf.gather(x, idx)
 
+    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any) -> tf.Tensor:
+        return tf.scatter_nd(idx[:, None], vals, [n])
+
     def scatter_sub(self, x: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
         return tf.tensor_scatter_nd_sub(x, idx[:, None], vals)
 
-    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
-        return tf.scatter_nd(idx[:, None], vals, [n])
+    def where(self, mask: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.where(mask, a, b)
+
+    def isin_sorted(self, x: tf.Tensor, ref: tf.Tensor) -> tf.Tensor:
+        pos = tf.minimum(tf.searchsorted(ref, x), tf.maximum(tf.size(ref, tf.int32) - 1, 0))
+        return tf.equal(tf.gather(ref, pos), x)
 
     def all_finite(self, x: tf.Tensor) -> tf.Tensor:
         return tf.reduce_all(tf.math.is_finite(x))
 
+    def not_finite(self, x: tf.Tensor) -> tf.Tensor:
+        return 1.0 - tf.cast(self.all_finite(x), tf.float32)
+
+    def logical_and(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.logical_and(a, b)
+
+    def top_abs(self, x: tf.Tensor, count: int) -> tf.Tensor:
+        return tf_ops.top_abs(x, count)
+
+    def sketch_accumulate(self, table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
+        return tf_ops.accumulate(table, vec, keys, offset)
+
+    def sketch_accumulate_at(self, table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
+        return tf_ops.accumulate_at(table, idx, vals, keys)
+
+    def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
+        return tf_ops.heavy_hitters(table, keys, length, count)
+
+    def checksum(self, idx: tf.Tensor) -> tf.Tensor:
+        """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""
+        low = tf.reduce_sum(tf.math.floormod(idx, 65521) ** 2) % (2**21)
+        return (tf.reduce_sum(idx) % (2**40)) * (2**21) + low
+
+    def join_names(self, names: tuple[str, ...], flags: tf.Tensor) -> tf.Tensor:
+        quoted = tf.constant([repr(n) for n in names])
+        return tf.strings.reduce_join(tf.boolean_mask(quoted, flags > 0), separator=", ")
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        if isinstance(pred, bool):
+            return true_fn() if pred else false_fn()
+        return tf.cond(pred, true_fn, false_fn)
+
+    def when(self, pred: Any, fn: Callable[[], Any]) -> Any:
+        def run() -> tf.Tensor:
+            with tf.control_dependencies([fn()]):
+                return tf.constant(True)
+
+        return self.cond(pred, run, lambda: tf.constant(True))
+
+    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> Any:
+        def text() -> tf.Tensor:
+            return tf.strings.join([p if isinstance(p, tf.Tensor) and p.dtype == tf.string else tf.strings.as_string(p)
+                                    if isinstance(p, (tf.Tensor, tf.Variable)) else str(p) for p in message()])
+
+        pred = tf.convert_to_tensor(pred)
+        return tf.debugging.Assert(pred, [tf.cond(pred, lambda: tf.constant(""), text)], name=error.__name__)
+
+    def after(self, checks: list[Any], values: Any) -> Any:
+        with tf.control_dependencies(checks):
+            return tf.nest.map_structure(tf.identity, values)
+
+
+class HorovodCollectives:
+    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's TF allreduce."""
+
+    def __init__(self, op: Any, process_set: Any) -> None:
+        self.op, self.process_set = op, process_set
+
+    def allreduce(self, x: tf.Tensor, name: str) -> tf.Tensor:
+        if x.dtype == tf.float16 and self.op == hvd.Average:  # sum x/P: a float16 sum of P x could overflow
+            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(), name=_op_name(name),
+                                 process_set=self.process_set)
+        return hvd.allreduce(x, op=self.op, name=_op_name(name), process_set=self.process_set)
+
+    def same_on_every_rank(self, value: Any, name: str) -> tf.Tensor:
+        value = tf.cast(value, tf.int64)
+        both = hvd.allreduce(tf.stack([value, -value]), op=hvd.Min, name=_op_name(name), process_set=self.process_set)
+        return tf.equal(both[0], -both[1])
+
+
+class MpiCollectives(HorovodCollectives):
+    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` (mpi4py, run
+    through ``tf.numpy_function``); the tiny checks stay on Horovod."""
+
+    def __init__(self, op: Any, process_set: Any, comms: Any, stats: MergeStats) -> None:
+        super().__init__(op, process_set)
+        self.comms, self.stats = comms, stats
+
+    def allreduce(self, x: tf.Tensor, name: str) -> tf.Tensor:
+        from .mpi import tree_allreduce
+
+        size = self.comms.comm.Get_size()
+        average = self.op == hvd.Average
+        if average and x.dtype == tf.float16:
+            x = tf.cast(tf.cast(x, tf.float32) / size, tf.float16)
+
+        def reduce(buf: np.ndarray) -> np.ndarray:
+            total = tree_allreduce(buf, self.comms, self.stats)
+            return total / np.asarray(size, total.dtype) if average and total.dtype != np.float16 else total
+
+        return tf.ensure_shape(tf.numpy_function(reduce, [x], x.dtype, stateful=True), x.shape)
+
+
+class _StepState(tf.Module):
+    """Per optimizer (a set of variables): steps applied, whether the options were compared,
+    and the step's flat update (D,) f32 that each decompress reads its slice of."""
+
+    def __init__(self, total: int, name: str) -> None:
+        super().__init__(name=name)
+        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+        self.checked = tf.Variable(False, trainable=False, name="checked")
+        self.update = tf.Variable(tf.zeros([total]), trainable=False, name="update")
+
 
 class _VariableState(tf.Module):
-    """Residual (d,) f32, momentum (d,) f32 (when m > 0) and steps (int64) of one variable."""
+    """Residual (d,) f32 and momentum (d,) f32 (when m > 0) of one variable."""
 
     def __init__(self, d: int, momentum: bool, name: str) -> None:
-        super().__init__(name=re.sub(r"\W", "_", name))
+        super().__init__(name=_sanitize(name))
         self.residual = tf.Variable(tf.zeros([d], tf.float32), trainable=False, name="residual")
         self.momentum = tf.Variable(tf.zeros([d], tf.float32), trainable=False, name="momentum") if momentum else None
-        self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    step: _StepState
+    offset: int
+    shape: tf.TensorShape
+    dtype: tf.DType
+
+
+class _Traced:
+    """The ``grads`` list of the ``allreduce_grads`` being traced and each gradient's ctx by id."""
+
+    grads: Optional[list] = None
+    contexts: dict[int, _Ctx] = {}
 
 
 class GsSketch(DefaultInstance, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
-    (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here).
+    (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
 
-    Track it in a ``tf.train.Checkpoint(..., compression=gs)`` to save and restore the
-    per-variable residuals, momentum and step counts (restored when first created).
-    """
+    MERGES = ("horovod", "mpi")
 
-
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
-        self.config = config_from(options)
-        if self.config.check_every:
-            raise ValueError("check_every is not supported by the TensorFlow GsSketch yet")
+        if merge not in self.MERGES:
+            raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
+        if comm is not None and merge != "mpi":
+            raise ValueError("comm is used by merge='mpi' only")
+        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
+        self.merge = merge
         self.ops = TfOps()
+        self.merge_stats = MergeStats()
+        self._comm = comm
+        self._comms: Any = None
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
+        self.steps: dict[str, _StepState] = {}  # by a digest of the optimizer's variable paths
+        self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict
 
     def __repr__(self) -> str:
-        return f"GsSketch({self.config})"
+        return f"GsSketch(merge={self.merge!r}, {self.config})"
 
     @DefaultInstanceMethod
     @tf.autograph.experimental.do_not_convert
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        """Returns (payload, ctx): the flattened sketch table (or a_t during warm-up) of the
-        error-fed gradient; non-float or small tensors pass through with ctx None."""
-        if not tensor.dtype.is_floating or tensor.shape.num_elements() is None \
-                or tensor.shape.num_elements() < self.config.min_size:
+        """Returns (payload, ctx): one float for a float tensor of known shape (its update was
+        computed with the step's other gradients: sketched from ``min_size`` elements on, sent
+        exactly below it); others as they are, with ctx None."""
+        if not tensor.dtype.is_floating or tensor.shape.num_elements() is None:
             return tensor, None
-        var, op = _calling_variable(tensor)
-        cfg = self.config
-        d = tensor.shape.num_elements()
-        if cfg.k is not None and cfg.k > d:
-            raise ValueError(f"k={cfg.k} exceeds the {d} elements of tensor {_path(var)!r}; "
-                             "raise min_size above k or use ratio")
-        st = self._state(var, d)
-        g = tf.reshape(tf.cast(tensor, tf.float32), [-1])
-        u = g
-        if st.momentum is not None:
-            u = st.momentum * cfg.momentum + g
-        acc = st.residual + u
-        rows, cols = cfg.rows, cfg.cols_for(d)
-
-        def sketch() -> tf.Tensor:
-            table = CountSketch.zeros(rows, cols, cfg.seed, self.ops, acc).accumulate(acc).table
-            return tf.reshape(table, [-1])
-
-        warm = st.steps < cfg.warmup_steps
-        payload = tf.cond(warm, lambda: tf.identity(acc), sketch) if cfg.warmup_steps else sketch()
-        return payload, (var, op, st, acc, u, warm, tensor.shape, tensor.dtype)
+        grads, variables, op, process_set = _calling_step(tensor)
+        if self._traced.grads is not grads:
+            self._traced.grads, self._traced.contexts = grads, self._step(grads, variables, op, process_set)
+        return tf.zeros([1]), self._traced.contexts[id(tensor)]
 
     @DefaultInstanceMethod
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        """The merged update, reshaped and cast back to the gradient's shape and dtype; the
-        variable's residual, momentum and step count are updated by the same ops."""
+        """The variable's update, reshaped and cast back to the gradient's shape and dtype."""
         if ctx is None:
             return tensor
-        var, op, st, acc, u, warm, shape, dtype = ctx
-        cfg = self.config
-        d = shape.num_elements()
-        rows, cols = cfg.rows, cfg.cols_for(d)
-
-        def commit(residual: tf.Tensor, momentum: Optional[tf.Tensor]) -> list[Any]:
-            ops = [st.residual.assign(residual), st.steps.assign_add(1)]
-            if st.momentum is not None:
-                ops.append(st.momentum.assign(momentum))
-            return ops
-
-        def dense() -> tf.Tensor:
-            with tf.control_dependencies(commit(tf.zeros([d]), tf.zeros([d]) if st.momentum is not None else None)):
-                return tf.identity(tensor)
-
-        def sketched() -> tf.Tensor:
-            sketch = CountSketch(rows, cols, cfg.seed, self.ops, tf.reshape(tensor, [rows, cols]))
-            idx, est = sketch.heavy_hitters(cfg.k_for(d), d)
-            local = tf.gather(acc, idx)
-            values = hvd.allreduce(local, op=op, name=f"gs_exact_{_sanitize(_path(var))}") if cfg.exact else est
-            momentum = None if st.momentum is None else self.ops.scatter_sub(u, idx, tf.gather(u, idx))
-            with tf.control_dependencies(commit(self.ops.scatter_sub(acc, idx, local), momentum)):
-                return self.ops.scatter(d, idx, values)
-
-        def update() -> tf.Tensor:
-            return tf.cond(warm, dense, sketched) if cfg.warmup_steps else sketched()
-
-        finite = self.ops.all_finite(tensor)
-        if cfg.nonfinite == "skip":
-            out = tf.cond(finite, update, lambda: tf.zeros([d]))
-        else:
-            check = tf.debugging.Assert(finite, [f"GsSketch: the gradient of {_path(var)!r} is NaN or infinite on "
-                                                 "at least one rank; residuals are left as before the step. "
-                                                 "GsSketch(nonfinite='skip') skips such updates instead."])
-            with tf.control_dependencies([check]):
-                out = update()
-        return tf.cast(tf.reshape(out, shape), dtype)
+        n = ctx.shape.num_elements()
+        return tf.cast(tf.reshape(ctx.step.update[ctx.offset:ctx.offset + n], ctx.shape), ctx.dtype)
 
     def bytes_per_step(self, variables: list[Any]) -> int:
         """Bytes one rank hands to collectives per step for gradients of ``variables``, once
-        warm-up is over: rows·cols (+ k with the exact round) float32 per compressed variable,
-        the dense size for the others."""
-        total = 0
-        for v in variables:
-            d = v.shape.num_elements()
-            if v.dtype.is_floating and d >= self.config.min_size:
-                total += 4 * self.config.payload_numel(d)
-            else:
-                total += d * v.dtype.size
-        return total
+        warm-up is over: the sketch and the exact round for the compressed ones, the dense
+        size for the others."""
+        floats = sorted((_path(v), v.shape.num_elements()) for v in variables if v.dtype.is_floating)
+        compressed = [(n, d) for n, d in floats if d >= self.config.min_size]
+        dense = [(n, d) for n, d in floats if d < self.config.min_size]
+        others = sum(v.shape.num_elements() * v.dtype.size for v in variables if not v.dtype.is_floating)
+        layout = Layout.build([n for n, _ in compressed], [d for _, d in compressed], self.config,
+                              tuple(n for n, _ in dense), tuple(d for _, d in dense))
+        if not layout.groups:
+            return others + 4 * (layout.total + sum(layout.dense_sizes))
+        return others + sum(layout.payload_bytes(self.config))
 
-    def _state(self, var: tf.Variable, d: int) -> _VariableState:
-        key = _path(var)
-        st = self.states.get(key)
+    def _step(self, grads: list, variables: list, op: Any, process_set: Any) -> dict[int, _Ctx]:
+        """Builds the engine step over every compressible gradient of ``grads`` (this trace);
+        returns each one's ctx by id."""
+        cfg = self.config
+        floats = sorted(((_path(v), g) for g, v in zip(grads, variables)
+                         if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
+                         and g.shape.num_elements() is not None), key=lambda t: t[0])
+        picked = [(n, g) for n, g in floats if g.shape.num_elements() >= cfg.min_size]
+        dense = [(n, g) for n, g in floats if g.shape.num_elements() < cfg.min_size]
+        names = [n for n, _ in picked]
+        layout = Layout.build(names, [g.shape.num_elements() for _, g in picked], cfg,
+                              tuple(n for n, _ in dense), tuple(g.shape.num_elements() for _, g in dense))
+        states = [self._state(n, d) for n, d in zip(names, layout.sizes)]
+        key = f"{zlib.crc32(repr(layout.all_names).encode()):08x}"
+        step = self.steps.get(key)
+        if step is None:
+            with tf.init_scope():
+                step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key)
+        engine = GsSgd(cfg, self.ops, self._collectives(op, process_set))
+        flat = [tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in picked + dense]
+        result = engine.step(layout, flat[:len(picked)], [s.residual for s in states],
+                             [s.momentum for s in states] if cfg.momentum else [], step.steps,
+                             tf.logical_not(step.checked), flat[len(picked):])
+        # assignments are stateful: they run, and reads of step.update (same resource) follow them
+        step.checked.assign(True)
+        step.steps.assign(result.steps)
+        step.update.assign(self.ops.concat(result.updates))
+        for s, residual in zip(states, result.residuals):
+            s.residual.assign(residual)
+        for s, momentum in zip(states, result.momenta):
+            s.momentum.assign(momentum)
+        offsets = np.cumsum([0, *layout.all_sizes])
+        return {id(g): _Ctx(step, int(offset), g.shape, g.dtype) for (_, g), offset in zip(picked + dense, offsets)}
+
+    def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
+        if self.merge == "horovod":
+            return HorovodCollectives(op, process_set)
+        if self._comms is None:
+            from .mpi import Communicators  # imports mpi4py, which initialises MPI
+
+            self._comms = Communicators(_mpi_comm(self._comm).Dup())
+        return MpiCollectives(op, process_set, self._comms, self.merge_stats)
+
+    def _state(self, name: str, d: int) -> _VariableState:
+        st = self.states.get(name)
         if st is None:
             with tf.init_scope():
-                st = _VariableState(d, bool(self.config.momentum), key)
-            self.states[key] = st
+                st = self.states[name] = _VariableState(d, bool(self.config.momentum), name)
         return st
+
+
+def _mpi_comm(comm: Any) -> Any:
+    """``comm`` (or MPI's world), checked to span Horovod's ranks with thread support."""
+    try:
+        threads = hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    except ValueError:  # raised under the Gloo controller
+        threads = False
+    if not threads:
+        raise RuntimeError("GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
+                           "(launch with horovodrun --mpi or mpirun); use merge='horovod' under Gloo")
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD if comm is None else comm
 
 
 def _path(var: Any) -> str:
@@ -230,27 +346,30 @@ def _path(var: Any) -> str:
 
 
 def _sanitize(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _op_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
 
-def _calling_variable(grad: tf.Tensor) -> tuple[Any, Any]:
-    """(variable, op) for ``grad``: Horovod's ``allreduce_grads(grads, vars)`` is up the stack
-    with the variables; ``allreduce(tensor, ..., op)`` below it has the reduction op."""
+def _calling_step(grad: tf.Tensor) -> tuple[list, list, Any, Any]:
+    """(grads, vars, op, process_set) of the Horovod ``allreduce_grads(grads, vars)`` up the
+    stack whose ``grads`` hold ``grad``; ``allreduce(tensor, ..., op, process_set)`` below it
+    has the reduction op and process set."""
     frame = sys._getframe(2)
-    op = None
+    op: Optional[Any] = None
+    process_set: Optional[Any] = None
     for _ in range(60):  # autograph puts its own frames between Horovod's functions
         if frame is None:
             break
         local = frame.f_locals
         name = frame.f_code.co_name.removeprefix("tf__")  # autograph-converted copies
         if op is None and name == "allreduce" and "op" in local:
-            op = local["op"]
+            op, process_set = local["op"], local.get("process_set")
         if name == "allreduce_grads" and "grads" in local and local.get("vars") is not None:
-            for g, v in zip(local["grads"], local["vars"]):
-                if g is grad:
-                    if op not in (hvd.Average, hvd.Sum):
-                        raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
-                    return v, op
+            if any(g is grad for g in local["grads"]):
+                return local["grads"], local["vars"], op, process_set
         frame = frame.f_back
     raise RuntimeError(
         "GsSketch compresses gradients inside Horovod's DistributedGradientTape or DistributedOptimizer; "

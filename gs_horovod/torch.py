@@ -1,25 +1,23 @@
-"""GsSketch for ``horovod.torch``: gs-SGD as a Horovod compressor.
+"""GsSketch for ``horovod.torch``: the gs-SGD engine (:mod:`gs_horovod.gs_sgd`) as a Horovod
+compressor.
 
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                   compression=GsSketch)            # defaults
-    ...                            compression=GsSketch(ratio=0.001, rows=5, exact=True)
+                                   compression=GsSketch())          # defaults
+    ...                            compression=GsSketch(ratio=0.001, scope="layer")
 
 How it plugs into Horovod 0.28.1 (``horovod/torch/optimizer.py``): for each gradient the
-optimizer calls ``compress(p.grad)``, allreduces (averages) the returned tensor under the
-parameter's name, then in ``synchronize()`` calls ``decompress(result, ctx)`` and sets
-``p.grad`` to what it returns. ``compress`` returns the Count-Sketch of the error-fed
-gradient, so Horovod's allreduce merges sketches; ``decompress`` finds the heavy hitters.
+optimizer calls ``compress(p.grad)``, allreduces the returned tensor under the parameter's
+name, then in ``synchronize()`` calls ``decompress(result, ctx)`` for every gradient and sets
+``p.grad`` to what it returns. Every ``compress`` of a step comes before its first
+``decompress`` (``synchronize()`` submits missing gradients first), so GsSketch's ``compress``
+only records the gradient and hands Horovod one float to allreduce; the first ``decompress``
+of the step runs the whole engine step over all recorded gradients (one sketch merge, one
+exact round, issued in name order on every rank) and each ``decompress`` returns its slice.
 
-Per-parameter state (residual, momentum, step) is keyed by the parameter's name in the
-``DistributedOptimizer`` that calls us, found once from the calling frame and then by
-``p.grad is tensor``. Keys therefore survive ``zero_grad(set_to_none=True)`` (new grad
-tensors each step), parameters without gradients in some steps (Horovod submits zeros for
-them) and ``backward_passes_per_step > 1`` (Horovod compresses once, after the last pass).
-
-The exact second round is one allreduce per step of all selected values, issued at the last
-``decompress`` of the step in name order, so every rank issues it identically whatever order
-Horovod hands the tensors back in; tensors returned earlier in the step are filled in place
-(they already are ``p.grad``'s storage) before ``synchronize()`` returns.
+Per-parameter state is keyed by the parameter's name in the ``DistributedOptimizer`` that
+calls us, found once from the calling frame and then by ``p.grad is tensor``. Keys therefore
+survive ``zero_grad(set_to_none=True)``, parameters without gradients in some steps (Horovod
+submits zeros for them) and ``backward_passes_per_step > 1``.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import sys
 import weakref
 import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import horovod.torch as hvd
 import numpy as np
@@ -36,10 +34,10 @@ import torch
 from horovod.torch.compression import Compressor
 
 from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
-from .gs_sgd import CommStats, GsSgd, MergeStats, Selection, TensorState
+from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import torch_ops
 
-_NOT_ALLREDUCIBLE = (torch.bfloat16,)  # floating dtypes horovod.torch 0.28.1 cannot allreduce
+_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 
 
 class TorchOps:
@@ -51,65 +49,153 @@ class TorchOps:
     def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         return torch.zeros(shape, dtype=torch.float32, device=like.device)
 
-    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
-        torch_ops.accumulate(self.backend, table, vec.contiguous(), keys, offset)
-        return table
+    def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
 
-    def sketch_query(self, table: torch.Tensor, keys: np.ndarray, offset: int, length: int) -> torch.Tensor:
-        out = torch.empty(length, dtype=torch.float32, device=table.device)
-        torch_ops.query(self.backend, table.contiguous(), keys, offset, out)
-        return out
+    def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return xs[0] if len(xs) == 1 else torch.cat(xs)
 
-    def top_abs(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        return torch.topk(x.abs(), k, sorted=False).indices.sort().values
+    def split(self, x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
+        return list(torch.split(x, list(sizes)))
+
+    def slice(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
+        return x[start:start + size]
+
+    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return x.reshape(shape)
+
+    def stack(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(xs)
+
+    def cast(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
+        return x.to(_DTYPES[dtype])
 
     def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return x[idx]
 
+    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.float32, device=like.device).index_copy_(0, idx, vals)
+
     def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         return x.index_add_(0, idx, vals, alpha=-1)
 
-    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float32, device=vals.device).index_copy_(0, idx, vals)
+    def where(self, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, a, b)
+
+    def isin_sorted(self, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        pos = torch.searchsorted(ref, x).clamp_(max=max(0, len(ref) - 1))
+        return ref[pos] == x if len(ref) else torch.zeros_like(x, dtype=torch.bool)
 
     def all_finite(self, x: torch.Tensor) -> bool:
         return bool(torch.isfinite(x).all())
 
+    def not_finite(self, x: torch.Tensor) -> torch.Tensor:
+        return (~torch.isfinite(x)).any().float()
 
-@dataclass
-class _Pending:
-    name: str
-    selection: Selection
-    out: torch.Tensor  # the tensor decompress returned; becomes p.grad's storage
+    def logical_and(self, a: bool, b: bool) -> bool:
+        return bool(a) and bool(b)
+
+    def top_abs(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        return torch_ops.top_abs(self.backend, x, count)
+
+    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
+        torch_ops.accumulate(self.backend, table, vec.contiguous(), keys, offset)
+        return table
+
+    def sketch_accumulate_at(self, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
+                             keys: np.ndarray) -> torch.Tensor:
+        torch_ops.accumulate_at(self.backend, table, idx.contiguous(), vals.contiguous(), keys)
+        return table
+
+    def heavy_hitters(self, table: torch.Tensor, keys: np.ndarray, length: int,
+                      count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch_ops.heavy_hitters(self.backend, table.contiguous(), keys, length, count)
+
+    def checksum(self, idx: torch.Tensor) -> int:
+        return zlib.crc32(idx.cpu().numpy().tobytes())
+
+    def join_names(self, names: tuple[str, ...], flags: torch.Tensor) -> str:
+        return ", ".join(repr(n) for n, f in zip(names, flags.tolist()) if f > 0)
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        return true_fn() if bool(pred) else false_fn()
+
+    def when(self, pred: Any, fn: Callable[[], Any]) -> None:
+        if bool(pred):
+            fn()
+
+    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> None:
+        if not bool(pred):
+            raise error("".join(str(part) for part in message()))
+
+    def after(self, checks: list[Any], values: Any) -> Any:
+        return values  # torch checks raise at once
+
+
+class HorovodCollectives:
+    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's allreduce (blocking, named)."""
+
+    def __init__(self, op: Any, process_set: Any) -> None:
+        self.op, self.process_set = op, process_set
+
+    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if x.dtype == torch.float16 and self.op == hvd.Average:  # sum x/P: a float16 sum of P x could overflow
+            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(), name=name,
+                                 process_set=self.process_set)
+        return hvd.allreduce(x, op=self.op, name=name, process_set=self.process_set)
+
+    def same_on_every_rank(self, value: int, name: str) -> bool:
+        both = hvd.allreduce(torch.tensor([value, -value], dtype=torch.int64), op=hvd.Min, name=name,
+                             process_set=self.process_set)
+        return int(both[0]) == -int(both[1])
+
+
+class MpiCollectives(HorovodCollectives):
+    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` over mpi4py
+    (recursive doubling); the tiny checks stay on Horovod."""
+
+    def __init__(self, op: Any, process_set: Any, comms: Any, stats: MergeStats) -> None:
+        super().__init__(op, process_set)
+        self.comms, self.stats = comms, stats
+
+    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        from .mpi import tree_allreduce_tensor
+
+        size = self.comms.comm.Get_size()
+        if self.op == hvd.Average:
+            x = (x.float() / size).to(x.dtype) if x.dtype == torch.float16 else x
+            total = tree_allreduce_tensor(x, self.comms, self.stats)
+            return total if x.dtype == torch.float16 else total / size
+        return tree_allreduce_tensor(x, self.comms, self.stats)
 
 
 @dataclass
 class _Binding:
-    """gs-SGD state for the parameters of one DistributedOptimizer (its op and process set)."""
+    """gs-SGD state for the parameters of one DistributedOptimizer (its op and process set).
 
-    op: Any
-    process_set: Any
+    residuals / momenta: (d,) f32 per parameter name; steps: steps applied; grads / dense: this
+    step's recorded gradients (d,) f32 by name, to sketch / to send exactly (below min_size);
+    updates: this step's results, handed out by decompress.
+    """
+
     engine: GsSgd
     params: list[tuple[str, torch.nn.Parameter]]
-    checked: bool = False  # options compared across ranks (at the first decompress)
-    steps: int = 0  # steps finished
-    in_flight: int = 0  # compressed, not yet decompressed, in this step
-    decoding: bool = False  # a decompress of this step has happened
-    selection_sum: int = 0  # order-free checksum of this step's selections (check_every)
-    pending: list[_Pending] = field(default_factory=list)
-    unmerged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": local tables
-    merged: dict[str, torch.Tensor] = field(default_factory=dict)  # merge="mpi": mean tables
+    residuals: dict[str, torch.Tensor] = field(default_factory=dict)
+    momenta: dict[str, torch.Tensor] = field(default_factory=dict)
+    steps: int = 0
+    checked: bool = False
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)
+    dense: dict[str, torch.Tensor] = field(default_factory=dict)
+    updates: Optional[dict[str, torch.Tensor]] = None
+    _layouts: dict[tuple, Layout] = field(default_factory=dict)
     _successor: dict[int, int] = field(default_factory=dict)
     _last: int = -1
 
     def begin_compress(self) -> None:
-        """A compress after a decompress starts a new step: if the last one did not finish
-        (an exception left tensors undecompressed), its bookkeeping is dropped."""
-        if self.decoding:
-            self.in_flight, self.decoding, self.selection_sum = 0, False, 0
-            self.pending.clear()
-            self.unmerged.clear()
-            self.merged.clear()
+        """A compress after the step's updates were made starts a new step (if the last one
+        did not finish, e.g. it raised, its bookkeeping is dropped)."""
+        if self.updates is not None:
+            self.grads, self.dense, self.updates = {}, {}, None
 
     def name_of(self, grad: torch.Tensor) -> str:
         """The name of the parameter whose ``.grad`` is ``grad``: the parameter that followed
@@ -127,8 +213,40 @@ class _Binding:
         self._last = guess
         return self.params[guess][0]
 
-
-PASSTHROUGH, DENSE, SKETCH = "passthrough", "dense", "sketch"
+    def run_step(self, stats: CommStats) -> None:
+        """The engine step over every gradient recorded in this step; stores the new state
+        (unless the step was skipped) and the updates by name."""
+        config = self.engine.config
+        names, dense_names = sorted(self.grads), sorted(self.dense)
+        sizes = [self.grads[n].numel() for n in names]
+        dense_sizes = [self.dense[n].numel() for n in dense_names]
+        key = (*names, *sizes, None, *dense_names, *dense_sizes)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = Layout.build(names, sizes, config, tuple(dense_names), tuple(dense_sizes))
+        grads = [self.grads[n] for n in names]
+        residuals = [self.residuals.get(n, None) for n in names]
+        residuals = [torch.zeros_like(g) if r is None else r for g, r in zip(grads, residuals)]
+        momenta = [self.momenta.get(n, torch.zeros_like(g)) for n, g in zip(names, grads)] if config.momentum else []
+        dense = self.steps < config.warmup_steps
+        check = not self.checked
+        self.checked = True
+        result = self.engine.step(layout, grads, residuals, momenta, self.steps, check,
+                                  [self.dense[n] for n in dense_names])
+        self.updates = dict(zip(layout.all_names, result.updates))
+        if dense or not layout.groups:
+            stats.dense_bytes += (layout.total + sum(dense_sizes)) * 4
+        else:
+            sketch, exact, dense_bytes = layout.payload_bytes(config)
+            stats.sketch_bytes, stats.exact_bytes = stats.sketch_bytes + sketch, stats.exact_bytes + exact
+            stats.dense_bytes += dense_bytes
+        stats.steps += 1
+        if not result.applied:
+            stats.skipped += 1
+            return
+        self.residuals.update(zip(names, result.residuals))
+        self.momenta.update(zip(names, result.momenta))
+        self.steps = result.steps
 
 
 @dataclass(frozen=True)
@@ -137,23 +255,19 @@ class _Ctx:
     name: str
     shape: torch.Size
     dtype: torch.dtype
-    mode: str  # PASSTHROUGH (below min_size), DENSE (warm-up) or SKETCH
 
 
 class GsSketch(DefaultInstance, Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
 
-    Floating-point gradients of at least ``min_size`` elements are sketched (in float32,
-    whatever their dtype); others are allreduced as they are. ``stats`` counts the bytes this
-    rank hands to collectives.
+    Floating-point gradients of at least ``min_size`` elements go through the engine (in
+    float32, whatever their dtype); others are allreduced as they are. ``stats`` counts the
+    bytes this rank hands to collectives.
 
-    merge: ``"horovod"`` (default) lets Horovod's allreduce merge the sketches, fused with
-    the other tensors; ``"mpi"`` merges all sketches of a step in one recursive-doubling
-    :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default: MPI's world, which must be
-    Horovod's), and runs the exact round there too. It needs Horovod's MPI controller with
-    MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``): our collectives run on their own
-    duplicated communicator while Horovod's background thread uses MPI. ``merge_stats``
-    counts its bytes and rounds.
+    merge: ``"horovod"`` (default) merges with Horovod's allreduce; ``"mpi"`` runs the sketch
+    merge and the exact round as :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default:
+    MPI's world, which must be Horovod's). It needs Horovod's MPI controller with
+    MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``); ``merge_stats`` counts its traffic.
     """
 
     MERGES = ("horovod", "mpi")
@@ -163,14 +277,14 @@ class GsSketch(DefaultInstance, Compressor):
             raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
         if comm is not None and merge != "mpi":
             raise ValueError("comm is used by merge='mpi' only")
-        self.config = config_from(options, extra=("merge", "comm"))
+        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
         self.merge = merge
         self.ops = TorchOps(self.config.backend)
         self.stats = CommStats()
         self.merge_stats = MergeStats()
         self._comm = comm
         self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
-        self._restored: dict[str, dict[str, Any]] = {}  # load_state_dict entries not yet bound
+        self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
         self._bindings: weakref.WeakKeyDictionary[Any, _Binding] = weakref.WeakKeyDictionary()  # by optimizer
 
     def __repr__(self) -> str:
@@ -178,99 +292,44 @@ class GsSketch(DefaultInstance, Compressor):
 
     @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
-        """Returns (payload, ctx): the float32 sketch table (rows, cols) of the error-fed
-        gradient; during warm-up a_t itself; for a float tensor below ``min_size`` the tensor
-        (as float32 if Horovod cannot allreduce its dtype, e.g. bf16); for a sparse or
-        non-float tensor the tensor itself with ctx None."""
+        """Returns (payload, ctx): for a float tensor one zero float (the gradient is recorded;
+        the real exchange happens at the step's first decompress: sketched from ``min_size``
+        elements on, sent exactly below it); for a sparse or non-float tensor the tensor itself
+        with ctx None."""
         if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         binding = self._binding()
         binding.begin_compress()
         name = binding.name_of(tensor)
-        binding.in_flight += 1
-        if tensor.numel() < self.config.min_size:
-            payload = tensor.float() if tensor.dtype in _NOT_ALLREDUCIBLE else tensor
-            self.stats.dense_bytes += payload.numel() * payload.element_size()
-            return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, PASSTHROUGH)
-        mode = SKETCH if binding.engine.uses_sketch(name) else DENSE
-        payload = binding.engine.encode(name, tensor.detach().reshape(-1).float())
-        if mode == DENSE:
-            self.stats.dense_bytes += payload.numel() * 4
-        else:
-            self.stats.sketch_bytes += payload.numel() * 4
-            if self.merge == "mpi":  # merged at the step's first decompress; Horovod gets 1 element
-                binding.unmerged[name] = payload
-                payload = payload.new_zeros(1)
-        return payload, _Ctx(binding, name, tensor.shape, tensor.dtype, mode)
+        into = binding.grads if tensor.numel() >= self.config.min_size else binding.dense
+        into[name] = tensor.detach().reshape(-1).float()
+        return tensor.new_zeros(1, dtype=torch.float32), _Ctx(binding, name, tensor.shape, tensor.dtype)
 
     @DefaultInstanceMethod
     def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
-        """Returns a new tensor of the gradient's shape, dtype and device: the merged top-k
-        update (or the dense mean during warm-up or below ``min_size``)."""
+        """Returns a tensor of the gradient's shape, dtype and device: the step's update of
+        this parameter (its exact mean below ``min_size``)."""
         if ctx is None:
             return tensor
         binding = ctx.binding
-        if not binding.checked:
-            self._check_same_options(binding)
-        binding.in_flight -= 1
-        binding.decoding = True
-        if ctx.mode == SKETCH and self.merge == "mpi":
-            if binding.unmerged:
-                self._merge_over_mpi(binding)
-            tensor = binding.merged.pop(ctx.name)
-        if not bool(torch.isfinite(tensor).all()):  # the merge is identical on every rank
-            out = self._non_finite(binding, ctx, tensor.device)
-        elif ctx.mode == PASSTHROUGH:
-            out = tensor.to(ctx.dtype)
-        elif ctx.mode == DENSE:
-            binding.engine.commit_dense(ctx.name)
-            out = tensor.view(ctx.shape).to(ctx.dtype)
-        else:
-            selection = binding.engine.select(ctx.name, tensor)
-            if self.config.check_every and binding.steps % self.config.check_every == 0:
-                data = ctx.name.encode() + selection.indices.cpu().numpy().tobytes()
-                binding.selection_sum = (binding.selection_sum + zlib.crc32(data)) % 2**62
-            if self.config.exact:
-                out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=tensor.device)
-                binding.pending.append(_Pending(ctx.name, selection, out))
-            else:
-                update = binding.engine.apply(ctx.name, selection, selection.estimates)
-                out = update.view(ctx.shape).to(ctx.dtype)
-        if binding.in_flight == 0:
-            self._finish_step(binding)
-        return out
-
-    def _non_finite(self, binding: _Binding, ctx: _Ctx, device: torch.device) -> torch.Tensor:
-        """A merged gradient with NaN/Inf: the step of this tensor is dropped on every rank
-        (residual as before it); raise, or with nonfinite="skip" return a zero update."""
-        local_finite = binding.engine.discard(ctx.name) if ctx.mode != PASSTHROUGH else None
-        if self.config.nonfinite == "skip":
-            self.stats.skipped += 1
-            return torch.zeros(ctx.shape, dtype=ctx.dtype, device=device)
-        here = "" if local_finite is None else f" (this rank's was {'finite' if local_finite else 'NOT finite'})"
-        raise FloatingPointError(
-            f"GsSketch: the gradient of {ctx.name!r} is NaN or infinite on at least one rank at step "
-            f"{binding.steps}{here}; residuals are left as before the step. "
-            "GsSketch(nonfinite='skip') skips such updates instead."
-        )
+        if binding.updates is None:
+            binding.run_step(self.stats)
+        return binding.updates.pop(ctx.name).view(ctx.shape).to(ctx.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"options": ..., "tensors": {name: {"residual", "momentum", "steps"}}}``: per
-        parameter the residual and momentum (d,) f32 tensors (momentum None when m = 0) and
-        how many steps it was compressed. Save it beside the model's and optimizer's."""
-        return {
-            "options": self._options(),
-            "tensors": {
-                name: {"residual": st.residual, "momentum": st.momentum, "steps": st.steps}
-                for binding in self._bindings.values()
-                for name, st in binding.engine.states.items()
-            },
-        }
+        parameter the residual and momentum (d,) f32 (momentum None when m = 0) and the steps of
+        its optimizer. Residuals are this rank's own: save one file per rank."""
+        tensors = {}
+        for binding in self._bindings.values():
+            for name, residual in binding.residuals.items():
+                tensors[name] = {"residual": residual, "momentum": binding.momenta.get(name), "steps": binding.steps}
+        return {"options": self._options(), "tensors": tensors}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what :meth:`state_dict` saved, now or, for parameters not seen yet, when
-        their optimizer first compresses. The options must be the ones it was saved with."""
+        """Restores what :meth:`state_dict` saved, now or, for optimizers not seen yet, at
+        their first compress. The options must be the ones it was saved with."""
         if state.get("options") != self._options():
             raise ValueError(f"GsSketch state was saved with options {state.get('options')}, not {self._options()}")
         self._restored = dict(state["tensors"])
@@ -296,73 +355,19 @@ class GsSketch(DefaultInstance, Compressor):
             if saved["residual"].numel() != p.numel():
                 raise ValueError(f"saved GsSketch state of {name!r} has {saved['residual'].numel()} "
                                  f"elements, the parameter {p.numel()}")
-            momentum = saved["momentum"]
-            binding.engine.states[name] = TensorState(
-                saved["residual"].to(p.device, torch.float32, copy=True),
-                None if momentum is None else momentum.to(p.device, torch.float32, copy=True),
-                int(saved["steps"]),
-            )
+            binding.residuals[name] = saved["residual"].to(p.device, torch.float32, copy=True).reshape(-1)
+            if saved["momentum"] is not None:
+                binding.momenta[name] = saved["momentum"].to(p.device, torch.float32, copy=True).reshape(-1)
             binding.steps = max(binding.steps, int(saved["steps"]))
 
-    def _finish_step(self, binding: _Binding) -> None:
-        """Last decompress of the step: one exact-round allreduce for every pending tensor,
-        and the selection checksum every ``check_every`` steps."""
-        self.stats.steps += 1
-        checking = self.config.check_every and binding.steps % self.config.check_every == 0
-        binding.steps += 1
-        binding.decoding = False
-        if checking:
-            self._check_same_selections(binding)
-        if not binding.pending:
-            return
-        pending = sorted(binding.pending, key=lambda p: p.name)
-        binding.pending = []
-        local = torch.cat([p.selection.local for p in pending])
-        self.stats.exact_bytes += local.numel() * 4
-        if self.merge == "mpi":
-            exact = self._mpi_allreduce(local, binding.op)
-        else:
-            exact = hvd.allreduce(local, name="gs_horovod.exact", op=binding.op, process_set=binding.process_set)
-        for p, values in zip(pending, torch.split(exact, [len(p.selection.indices) for p in pending])):
-            update = binding.engine.apply(p.name, p.selection, values)
-            p.out.copy_(update.view(p.out.shape))
-
-    def _check_same_selections(self, binding: _Binding) -> None:
-        total, binding.selection_sum = binding.selection_sum, 0
-        if not _same_on_every_rank(total, "gs_horovod.selections", binding.process_set):
-            raise RuntimeError(
-                f"GsSketch: ranks selected different heavy hitters at step {binding.steps - 1} "
-                "(checked because check_every is set); their models are diverging"
-            )
-
-    def _check_same_options(self, binding: _Binding) -> None:
-        """One allreduce (min of [h, −h]) of a digest of the options at the first step: ranks
-        whose seeds, sizes or modes differ would hash or select differently and diverge silently,
-        so every rank raises the same error instead."""
-        digest = zlib.crc32(repr((self.config, self.merge)).encode())
-        binding.checked = True
-        if not _same_on_every_rank(digest, "gs_horovod.options", binding.process_set):
-            raise ValueError(
-                "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
-                f"this rank has merge={self.merge!r}, {self.config}"
-            )
-
-    def _merge_over_mpi(self, binding: _Binding) -> None:
-        """All sketch tables of the step, in name order, merged by one tree allreduce."""
-        names = sorted(binding.unmerged)
-        tables = [binding.unmerged.pop(n) for n in names]
-        total = self._mpi_allreduce(torch.cat([t.reshape(-1) for t in tables]), binding.op)
-        for name, table, merged in zip(names, tables, torch.split(total, [t.numel() for t in tables])):
-            binding.merged[name] = merged.view(table.shape)
-
-    def _mpi_allreduce(self, flat: torch.Tensor, op: Any) -> torch.Tensor:
-        """Sum (or mean, for ``op`` Average) of ``flat`` over ranks by tree_allreduce."""
-        from .mpi import Communicators, tree_allreduce_tensor  # imports mpi4py, which initialises MPI
-
+    def _collectives(self, optimizer: Any) -> HorovodCollectives:
+        if self.merge == "horovod":
+            return HorovodCollectives(optimizer.op, optimizer.process_set)
         if self._comms is None:
+            from .mpi import Communicators  # imports mpi4py, which initialises MPI
+
             self._comms = Communicators(_mpi_comm(self._comm).Dup())
-        total = tree_allreduce_tensor(flat, self._comms, self.merge_stats)
-        return total / self._comms.comm.Get_size() if op == hvd.Average else total
+        return MpiCollectives(optimizer.op, optimizer.process_set, self._comms, self.merge_stats)
 
     def _binding(self) -> _Binding:
         """The state of the DistributedOptimizer that is calling ``compress``."""
@@ -374,18 +379,10 @@ class GsSketch(DefaultInstance, Compressor):
             if self.merge == "mpi" and optimizer.process_set.process_set_id != 0:
                 raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
             params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
-            binding = _Binding(optimizer.op, optimizer.process_set, GsSgd(self.config, self.ops), params)
-            self._bindings[optimizer] = binding
+            engine = GsSgd(self.config, self.ops, self._collectives(optimizer))
+            binding = self._bindings[optimizer] = _Binding(engine, params)
             self._restore(binding)
         return binding
-
-
-def _same_on_every_rank(value: int, name: str, process_set: Any) -> bool:
-    """Whether every rank holds the same ``value`` (0 <= value < 2^62): one allreduce of the
-    minimum of [value, −value], i.e. of the minimum and minus the maximum."""
-    both = hvd.allreduce(torch.tensor([value, -value], dtype=torch.int64), op=hvd.Min, name=name,
-                         process_set=process_set)
-    return int(both[0]) == -int(both[1])
 
 
 def _mpi_comm(comm: Any) -> Any:

@@ -97,3 +97,5 @@ def reference_buckets_signs(
     buckets = ((h * np.uint64(cols)) >> _U32).astype(np.int64)
     signs = np.where((h & _U1) == 0, 1.0, -1.0).astype(np.float32)
     return buckets, signs
+
+HASH_VERSION = 1

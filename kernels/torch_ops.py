@@ -144,3 +144,28 @@ def accumulate(backend: str, table: torch.Tensor, vec: torch.Tensor, keys: np.nd
 def query(backend: str, table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
     """Writes the estimates of coordinates offset..offset+n-1 into ``out`` (n,) f32."""
     _KERNELS[resolve(backend, table.device)][1](table, keys, offset, out)
+
+
+def accumulate_at(backend: str, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
+    """Adds the sketch of the sparse vector with ``vals`` (n,) f32 at coordinates ``idx`` (n,) int64."""
+    cols = table.shape[1]
+    lo, hi_mix = idx & MASK32, ((idx >> 32) * GOLDEN) & MASK32
+    for j, key in enumerate(keys.tolist()):
+        h = _hash(lo, hi_mix, key)
+        table[j].index_add_(0, (h * cols) >> 32, torch.where((h & 1).bool(), -vals, vals))
+
+
+def heavy_hitters(backend: str, table: torch.Tensor, keys: np.ndarray, length: int, count: int,
+                  offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx (count,) int64 ascending, estimates (count,) f32): the count largest |estimate| of
+    coordinates offset..offset+length-1 (indices relative to offset; ties: lower index)."""
+    est = torch.empty(length, dtype=torch.float32, device=table.device)
+    query(backend, table.contiguous(), keys, offset, est)
+    idx = top_abs(backend, est, count)
+    return idx, est[idx]
+
+
+def top_abs(backend: str, x: torch.Tensor, count: int) -> torch.Tensor:
+    """int64 (count,) ascending: the count largest |x| (NaN and ±Inf largest; ties: lower index)."""
+    mag = torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x.abs())
+    return torch.argsort(mag, descending=True, stable=True)[:count].sort().values

@@ -16,11 +16,15 @@ import argparse
 import json
 import math
 
-ROWS, WIDTH, P2 = 5, 4.0, 4
+SKETCHED_ROWS, SKETCHED_WIDTH, P2 = 5, 4.0, 4  # Sketched-SGD's sketch and candidates (p2·k)
 
 
 def gs_payload(d: int, k: int) -> int:
-    return 4 * (ROWS * math.ceil(WIDTH * k) + k)
+    """GsSketch's payload with its default options: sketch + exact round (+ nothing dense)."""
+    from gs_horovod.gs_sgd import GsConfig, Layout
+
+    config = GsConfig(k=k)
+    return sum(Layout.build(["w"], [d], config).payload_bytes(config))
 
 
 def counted(d: int, k: int, shape: tuple[int, int], ranks: int) -> dict[str, tuple[float, float]]:
@@ -36,7 +40,7 @@ def counted(d: int, k: int, shape: tuple[int, int], ranks: int) -> dict[str, tup
         "gs (merge=mpi)": (gs_payload(d, k), 2 * rounds * gs_payload(d, k)),
     }
     for name, ex, sizes in (("topk allgather", TopKAllgather(ratio), [d]), ("gTop-k", GTopK(ratio), [d]),
-                            ("Sketched-SGD", SketchedSGD(ratio, ROWS, WIDTH, P2), [d]),
+                            ("Sketched-SGD", SketchedSGD(ratio, SKETCHED_ROWS, SKETCHED_WIDTH, P2), [d]),
                             ("PowerSGD r=4", PowerSGD(rank=4), [shape])):
         pay = ex.bytes_per_step(sizes, ranks) if name != "gTop-k" or ranks & (ranks - 1) == 0 else float("nan")
         wire = ex.wire_bytes(sizes, ranks) if name != "gTop-k" or ranks & (ranks - 1) == 0 else float("nan")
@@ -59,7 +63,7 @@ def measure(d: int, k: int, shape: tuple[int, int]) -> dict[str, float]:
         param = torch.nn.Parameter(torch.zeros(shape))
         opt = torch.optim.SGD([param], lr=0.0)
         if label == "gs":
-            gs = GsSketch(k=k, rows=ROWS, width=WIDTH)
+            gs = GsSketch(k=k)
             opt = hvd.DistributedOptimizer(opt, named_parameters=[("w", param)], compression=gs)
         else:
             kw = {"rank": 4} if label == "powersgd" else {}
@@ -103,8 +107,13 @@ def main() -> None:
     table = {P: counted(d, k, shape, P) for P in sizes}
     methods = list(table[2])
     if args.table:
-        print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}), rows = {ROWS}, cols = {WIDTH}·k, PowerSGD rank 4; "
-              "MB through the busiest rank per step (payload per rank in the first row)")
+        from gs_horovod.gs_sgd import GsConfig
+
+        cfg = GsConfig(k=k)
+        print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}); gs: GsSketch defaults (rows {cfg.rows}, cols {cfg.width}·k, "
+              f"{cfg.m}·k candidates, {cfg.sketch_dtype} sketch); Sketched-SGD: rows {SKETCHED_ROWS}, cols "
+              f"{SKETCHED_WIDTH}·k, {P2}·k candidates; PowerSGD rank 4; MB through the busiest rank per step "
+              "(payload per rank in the first row)")
         print("| P | " + " | ".join(methods) + " |")
         print("|---|" + "---|" * len(methods))
         print("| payload | " + " | ".join(f"{table[2][m][0] / 1e6:,.2f}" for m in methods) + " |")

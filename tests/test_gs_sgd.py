@@ -1,106 +1,238 @@
-"""The gs-SGD engine on simulated ranks (sketches averaged by hand) and its options."""
+"""The gs-SGD engine on simulated ranks (threads meeting at a barrier) and its options."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from simulated_ranks import Ranks
 
-from gs_horovod.gs_sgd import GsConfig, GsSgd
+from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+from gs_horovod.kernels.hashing import reference_buckets_signs, row_keys
 from gs_horovod.torch import GsSketch, TorchOps
 
+NAMES = ["a.weight", "b.weight"]
 
-def ranks_step(engines: list[GsSgd], grads: list[torch.Tensor], name: str = "w") -> torch.Tensor:
-    """One gs-SGD step of P simulated ranks; the allreduces are means computed here."""
-    merged = torch.stack([e.encode(name, g) for e, g in zip(engines, grads)]).mean(0)
-    selections = [e.select(name, merged) for e in engines]
-    values = torch.stack([s.local for s in selections]).mean(0) if engines[0].config.exact else selections[0].estimates
-    updates = [e.apply(name, s, values) for e, s in zip(engines, selections)]
-    for u in updates[1:]:
-        assert torch.equal(u, updates[0])
-    return updates[0]
+
+class Rank:
+    """One rank's engine state across steps, kept as the torch adapter keeps it."""
+
+    def __init__(self, config: GsConfig, sizes: list[int]) -> None:
+        self.config, self.sizes = config, sizes
+        self.layout = Layout.build(NAMES[:len(sizes)], sizes, config)
+        self.residuals = [torch.zeros(d) for d in sizes]
+        self.momenta = [torch.zeros(d) for d in sizes] if config.momentum else []
+        self.steps = 0
+
+    def step(self, comm, grads: list[torch.Tensor]):
+        engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
+        result = engine.step(self.layout, grads, self.residuals, self.momenta, self.steps, self.steps == 0)
+        if result.applied:
+            self.residuals, self.momenta, self.steps = result.residuals, result.momenta, result.steps
+        return result
+
+
+def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Rank] | None = None):
+    """grads[step][rank][tensor]; returns (ranks, updates[step] of rank 0), asserting every
+    rank got bitwise the same update."""
+    sizes = [int(g.numel()) for g in grads[0][0]]
+    ranks = ranks or [Rank(config, sizes) for _ in grads[0]]
+    updates = []
+    for step_grads in grads:
+        results = Ranks(len(ranks)).run(lambda r, comm, g=step_grads: ranks[r].step(comm, g[r]))
+        for res in results[1:]:
+            assert all(torch.equal(u, v) for u, v in zip(res.updates, results[0].updates))
+        updates.append(results[0].updates)
+    return ranks, updates
+
+
+def heavy_tailed(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * torch.rand(*shape, generator=gen).pow(4) * 10
+
+
+@pytest.mark.parametrize("scope", ["global", "layer"])
+@pytest.mark.parametrize("prefilter", [0, 1, 2])
+def test_exact_round_conserves_every_gradient(scope, prefilter):
+    # Σ_steps Σ_ranks g = P · Σ_steps Δ + Σ_ranks e: every gradient applied or still held
+    cfg = GsConfig(scope=scope, ratio=0.02, prefilter=prefilter, backend="torch")
+    gen = torch.Generator().manual_seed(0)
+    P, sizes = 3, [3000, 1500]
+    grads = [[[heavy_tailed(gen, d) for d in sizes] for _ in range(P)] for _ in range(4)]
+    ranks, updates = run(cfg, grads)
+    for t in range(len(sizes)):
+        fed = sum(g[r][t].double() for g in grads for r in range(P))
+        applied = sum(u[t].double() for u in updates)
+        held = sum(rank.residuals[t].double() for rank in ranks)
+        torch.testing.assert_close(P * applied + held, fed, rtol=1e-6, atol=1e-4)
+    k = cfg.k_for(4500) if scope == "global" else cfg.k_for(3000) + cfg.k_for(1500)
+    assert all(int(sum((x != 0).sum() for x in u)) == k for u in updates)
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_residual_carries_exactly_what_was_not_sent(exact):
-    P, d = 3, 4096
-    engines = [GsSgd(GsConfig(ratio=0.01, exact=exact), TorchOps("numba")) for _ in range(P)]
-    g = torch.Generator().manual_seed(0)
-    applied = torch.zeros(d, dtype=torch.float64)
-    fed = torch.zeros(d, dtype=torch.float64)
-    for _ in range(5):
-        before = [e.states["w"].residual.clone() if "w" in e.states else torch.zeros(d) for e in engines]
-        grads = [torch.randn(d, generator=g) for _ in range(P)]
-        update = ranks_step(engines, grads)
-        acc = [b + gr for b, gr in zip(before, grads)]
-        sent = update != 0
-        for e, a in zip(engines, acc):
-            # every rank zeroes the same k coordinates and keeps the rest of a_t as it was
-            torch.testing.assert_close(e.states["w"].residual, torch.where(sent, torch.zeros(d), a))
-        assert int(sent.sum()) == 41  # k = ceil(0.01 · 4096)
-        applied += update.double()
-        fed += sum(gr.double() for gr in grads)
-    if exact:
-        # Σ_steps Σ_ranks g = P · Σ_steps Δ + Σ_ranks e: every gradient applied or still held
-        held = sum(e.states["w"].residual.double() for e in engines)
-        torch.testing.assert_close(P * applied + held, fed, rtol=1e-6, atol=1e-4)
+def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
+    cfg = GsConfig(ratio=0.01, exact=exact, backend="torch")
+    gen = torch.Generator().manual_seed(8)
+    grads = [[torch.randn(4000, generator=gen)] for _ in range(2)]
+    small = [[torch.randn(10, generator=gen), torch.randn(0)] for _ in range(2)]
+    layout = Layout.build(["w"], [4000], cfg, ("b", "empty"), (10, 0))
+
+    def rank(r, comm):
+        engine = GsSgd(cfg, TorchOps("torch"), comm)
+        return engine.step(layout, grads[r], [torch.zeros(4000)], [], 0, True, small[r]).updates
+
+    updates = Ranks(2).run(rank)
+    assert [tuple(u.shape) for u in updates[0]] == [(4000,), (10,), (0,)]
+    torch.testing.assert_close(updates[0][1], (small[0][0] + small[1][0]) / 2)
+    assert int((updates[0][0] != 0).sum()) == 40
 
 
-def test_k_equal_d_exact_is_the_dense_mean():
-    P, d = 2, 2048
-    engines = [GsSgd(GsConfig(ratio=1.0, rows=1, width=1.0, exact=True), TorchOps("torch")) for _ in range(P)]
-    grads = [torch.randn(d) for _ in range(P)]
-    update = ranks_step(engines, grads)
-    torch.testing.assert_close(update, (grads[0] + grads[1]) / 2, rtol=0, atol=1e-6)
-    assert all(e.states["w"].residual.abs().max() == 0 for e in engines)
+def test_without_the_exact_round_a_rank_drops_only_what_it_fed():
+    cfg = GsConfig(ratio=0.01, candidates=1, exact=False, prefilter=1, backend="torch")
+    gen = torch.Generator().manual_seed(1)
+    grads = [[[heavy_tailed(gen, 4000)] for _ in range(2)]]
+    ranks, updates = run(cfg, grads)
+    sel = updates[0][0] != 0
+    for r, rank in enumerate(ranks):
+        a = grads[0][r][0]
+        fed = torch.zeros(4000, dtype=torch.bool)
+        fed[torch.topk(a.abs(), 40).indices] = True
+        torch.testing.assert_close(rank.residuals[0], torch.where(sel & fed, torch.zeros(4000), a))
+
+
+def test_ratio_one_with_the_exact_round_is_the_dense_mean():
+    cfg = GsConfig(ratio=1.0, rows=1, width=1.0, candidates=1, backend="torch")
+    gen = torch.Generator().manual_seed(2)
+    grads = [[[torch.randn(2048, generator=gen), torch.randn(1024, generator=gen)] for _ in range(2)]]
+    ranks, updates = run(cfg, grads)
+    for t in range(2):
+        torch.testing.assert_close(updates[0][t], (grads[0][0][t] + grads[0][1][t]) / 2, rtol=0, atol=1e-6)
+    assert all(float(r.abs().max()) == 0 for rank in ranks for r in rank.residuals)
+
+
+def test_a_planted_global_top_k_lands_entirely_in_the_tensor_that_holds_it():
+    # tensor b holds the 25 largest coordinates of the whole vector: global scope sends only b
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(20_000, generator=gen) * 0.01, torch.randn(5_000, generator=gen) * 0.01
+    planted = torch.randperm(5_000, generator=gen)[:25]
+    b[planted] = 5.0 + torch.rand(25, generator=gen)
+    cfg = GsConfig(k=25, rows=5, width=40.0, backend="torch")
+    _, updates = run(cfg, [[[a, b], [a, b]]])
+    assert int((updates[0][0] != 0).sum()) == 0
+    assert torch.equal(torch.nonzero(updates[0][1]).flatten(), planted.sort().values)
+    # layer scope spends k on each tensor instead
+    _, layer = run(GsConfig(scope="layer", k=25, backend="torch"), [[[a, b], [a, b]]])
+    assert int((layer[0][0] != 0).sum()) == 25
+
+
+def test_candidates_let_the_exact_values_pick_the_final_k():
+    # with m = 4 the sketch only has to rank the true top-k within 4k candidates (measured: 64 → 100 of 100)
+    gen = torch.Generator().manual_seed(4)
+    x = heavy_tailed(gen, 50_000)
+    k = 100
+    truth = set(torch.topk(x.abs(), k).indices.tolist())
+    hits = {}
+    for m in (1, 4):
+        cfg = GsConfig(k=k, rows=5, width=8.0, candidates=m, prefilter=1, backend="torch")
+        _, updates = run(cfg, [[[x], [x]]])
+        hits[m] = len(truth & set(torch.nonzero(updates[0][0]).flatten().tolist()))
+    assert hits[4] > hits[1] and hits[4] >= 0.9 * k
+
+
+def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
+    # prefilter 0: the sketch of the two tensors concatenated, summed in coordinate order
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(3000, generator=gen), torch.randn(1700, generator=gen)]
+    cfg = GsConfig(ratio=0.01, prefilter=0, sketch_dtype="float32", backend="numba")
+    layout = Layout.build(NAMES, [3000, 1700], cfg)
+
+    class Capture:
+        def allreduce(self, x, name):
+            self.payload = self.payload if hasattr(self, "payload") else x.clone()
+            return x
+
+        def same_on_every_rank(self, value, name):
+            return True
+
+    comm = Capture()
+    GsSgd(cfg, TorchOps("numba"), comm).step(layout, grads, [torch.zeros(3000), torch.zeros(1700)], [], 0, False)
+    x = torch.cat(grads).numpy()
+    cols = cfg.cols_for(4700)
+    buckets, signs = reference_buckets_signs(row_keys(0, cfg.rows), cols, 0, 4700)
+    expected = np.zeros((cfg.rows, cols), np.float32)
+    for j in range(cfg.rows):
+        for i in range(4700):  # the same order of additions as the kernel
+            expected[j, buckets[j, i]] += signs[j, i] * x[i]
+    assert np.array_equal(comm.payload.numpy().reshape(cfg.rows, cols), expected)
+
+
+@pytest.mark.parametrize("nonfinite", ["raise", "skip"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact):
+    cfg = GsConfig(ratio=0.02, momentum=0.5, candidates=2 if exact else 1, exact=exact, nonfinite=nonfinite,
+                   backend="torch")
+    gen = torch.Generator().manual_seed(6)
+    clean = [[[torch.randn(3000, generator=gen), torch.randn(2000, generator=gen)] for _ in range(2)]]
+    ranks, _ = run(cfg, clean)
+    before = [[r.clone() for r in rank.residuals + rank.momenta] for rank in ranks]
+    bad = [[torch.randn(3000, generator=gen), torch.randn(2000, generator=gen)] for _ in range(2)]
+    bad[1][1][17] = float("nan")  # rank 1, tensor b.weight
+    if nonfinite == "raise":
+        with pytest.raises(FloatingPointError, match=r"gradient of 'b.weight' is NaN or infinite on at least one "
+                                                     r"rank at step 1; residuals are left as before the step"):
+            run(cfg, [bad], ranks)
+    else:
+        _, updates = run(cfg, [bad], ranks)
+        assert all(float(u.abs().max()) == 0 for u in updates[0])
+    for rank, old in zip(ranks, before):
+        assert rank.steps == 1
+        assert all(torch.equal(x, y) for x, y in zip(rank.residuals + rank.momenta, old))
+
+
+def test_options_that_differ_across_ranks_fail_on_every_rank():
+    sizes = [3000]
+    ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes), Rank(GsConfig(seed=1, backend="torch"), sizes)]
+    grads = [[[torch.randn(3000)] for _ in range(2)]]
+    with pytest.raises(ValueError, match="GsSketch options differ across ranks"):
+        run(ranks[0].config, grads, ranks)
 
 
 def test_warmup_sends_dense_then_sketches():
-    engine = GsSgd(GsConfig(ratio=0.01, warmup_steps=2), TorchOps("torch"))
-    g = torch.randn(5000)
-    for _ in range(2):
-        payload = engine.encode("w", g)
-        assert payload.shape == (5000,) and torch.equal(payload, g)  # a_t = 0 + g
-        engine.commit_dense("w")
-        assert engine.states["w"].residual.abs().max() == 0
-    assert engine.encode("w", g).shape == (5, 200)  # rows × ceil(4 · 50)
-
-
-def test_a_discarded_step_leaves_residual_and_momentum_as_they_were():
-    engine = GsSgd(GsConfig(k=10, width=50.0, momentum=0.9), TorchOps("torch"))
-    g = torch.randn(5000)
-    table = engine.encode("w", g)
-    sel = engine.select("w", table)
-    engine.apply("w", sel, sel.local)
-    residual, momentum = engine.states["w"].residual.clone(), engine.states["w"].momentum.clone()
-    bad = g.clone()
-    bad[3] = float("nan")
-    engine.encode("w", bad)
-    assert engine.discard("w") is False  # this rank brought the NaN
-    assert torch.equal(engine.states["w"].residual, residual)
-    assert torch.equal(engine.states["w"].momentum, momentum)
-    assert engine.states["w"].steps == 1
-
-
-def test_k_larger_than_a_tensor_is_an_error_naming_it():
-    engine = GsSgd(GsConfig(k=5000), TorchOps("torch"))
-    with pytest.raises(ValueError, match="k=5000 exceeds the 4096 elements of tensor 'fc.weight'"):
-        engine.encode("fc.weight", torch.randn(4096))
+    cfg = GsConfig(ratio=0.01, warmup_steps=2, backend="torch")
+    gen = torch.Generator().manual_seed(7)
+    grads = [[[torch.randn(5000, generator=gen)] for _ in range(2)] for _ in range(3)]
+    ranks, updates = run(cfg, grads)
+    for t in range(2):
+        torch.testing.assert_close(updates[t][0], (grads[t][0][0] + grads[t][1][0]) / 2)
+    assert int((updates[2][0] != 0).sum()) == 50 and ranks[0].steps == 3
 
 
 def test_momentum_correction_masks_sent_coordinates():
-    engine = GsSgd(GsConfig(k=1, width=2000.0, momentum=0.5), TorchOps("torch"))
+    cfg = GsConfig(k=1, width=2000.0, momentum=0.5, candidates=1, backend="torch")
     g = torch.zeros(10_000)
-    g[7] = 100.0
-    g[8] = 1.0
-    table = engine.encode("w", g)
-    update = engine.apply("w", engine.select("w", table), engine.select("w", table).local)
-    assert update[7] == 100.0
-    st = engine.states["w"]
-    assert st.momentum[7] == 0 and st.residual[7] == 0
-    assert st.momentum[8] == 1.0 and st.residual[8] == 1.0
-    engine.encode("w", g)  # u = 0.5·u + g, a = e + u
-    assert st.next_momentum[8] == 1.5 and st.next_momentum[7] == 100.0
-    assert st.acc[8] == 2.5
+    g[7], g[8] = 100.0, 1.0
+    ranks, updates = run(cfg, [[[g]]])
+    assert updates[0][0][7] == 100.0
+    rank = ranks[0]
+    assert rank.momenta[0][7] == 0 and rank.residuals[0][7] == 0
+    assert rank.momenta[0][8] == 1.0 and rank.residuals[0][8] == 1.0
+    _, updates = run(cfg, [[[g]]], ranks)  # u = 0.5·u + g, a = e + u: coordinate 7 again (100 > 2.5)
+    assert updates[0][0][7] == 100.0 and rank.residuals[0][8] == 2.5 and rank.momenta[0][8] == 1.5
+
+
+def test_k_larger_than_a_group_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="k=5000 exceeds the 4096 elements of 'fc.weight'"):
+        Layout.build(["fc.weight"], [4096], GsConfig(k=5000, scope="layer"))
+
+
+def test_sizes_and_bytes_follow_the_options():
+    cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16")
+    layout = Layout.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,))
+    (grp,) = layout.groups
+    assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
+    assert layout.payload_bytes(cfg) == (3 * 2000 * 2, 2000 * 4, 10 * 4)
+    layer = Layout.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"))
+    assert [g.k for g in layer.groups] == [600, 400]
+    assert GsConfig(k=50).k_for(2000) == 50
 
 
 @pytest.mark.parametrize(
@@ -109,10 +241,16 @@ def test_momentum_correction_masks_sent_coordinates():
         ({"ratio": 0.0}, ValueError, r"ratio must be in \(0.0, 1.0\]"),
         ({"ratio": 1.5}, ValueError, "ratio"),
         ({"ratio": "0.1"}, TypeError, "ratio must be a number"),
+        ({"ratio": 0.1, "k": 10}, ValueError, "give either ratio or k, not both"),
         ({"k": 0}, ValueError, "k must be in"),
         ({"k": 2.5}, TypeError, "k must be an int"),
         ({"rows": 0}, ValueError, "rows must be in"),
         ({"width": 0}, ValueError, "width must be in"),
+        ({"candidates": 0}, ValueError, "candidates must be in"),
+        ({"candidates": 2, "exact": False}, ValueError, "candidates=2 needs the exact round"),
+        ({"prefilter": -1}, ValueError, "prefilter must be in"),
+        ({"scope": "model"}, ValueError, "scope must be one of"),
+        ({"sketch_dtype": "bfloat16"}, ValueError, "sketch_dtype must be one of"),
         ({"seed": -1}, ValueError, "seed"),
         ({"exact": 1}, TypeError, "exact must be a bool"),
         ({"momentum": 1.0}, ValueError, "momentum"),
@@ -132,12 +270,6 @@ def test_invalid_options_are_named(options, error, match):
 def test_unknown_option_is_named():
     with pytest.raises(TypeError, match=r"unknown option\(s\) \['ratoi'\]"):
         GsSketch(ratoi=0.1)
-
-
-def test_k_and_cols_follow_the_options():
-    cfg = GsConfig(ratio=0.01, width=4.0, rows=5)
-    assert (cfg.k_for(1000), cfg.cols_for(1000), cfg.payload_numel(1000)) == (10, 40, 210)
-    assert GsConfig(k=50).k_for(2000) == 50
 
 
 def test_compress_outside_a_distributed_optimizer_is_an_error():

@@ -7,26 +7,39 @@ import pytest
 from conftest import horovodrun
 
 
-def test_tf_and_torch_build_identical_sketches():
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_tf_and_torch_engines_give_the_same_update(scope):
     tf = pytest.importorskip("tensorflow")
     import torch
+    from simulated_ranks import Ranks
 
-    from gs_horovod.sketch import CountSketch
+    from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
     from gs_horovod.tensorflow import TfOps
     from gs_horovod.torch import TorchOps
 
-    x = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
-    offset = 2**32 - 77  # indices on both sides of 2^32
-    a = CountSketch.zeros(5, 301, 3, TorchOps("numba"), torch.from_numpy(x)).accumulate(torch.from_numpy(x), offset)
-    b = CountSketch.zeros(5, 301, 3, TfOps(), tf.constant(x)).accumulate(tf.constant(x), offset)
-    np.testing.assert_allclose(a.table.numpy(), b.table.numpy(), rtol=1e-6, atol=1e-5)
-    np.testing.assert_allclose(a.query(10_000, offset).numpy(), b.query(10_000, offset).numpy(), rtol=1e-6, atol=1e-5)
-    assert np.array_equal(a.heavy_hitters(20, 10_000)[0].numpy(), b.heavy_hitters(20, 10_000)[0].numpy())
+    rng = np.random.default_rng(0)
+    grads = [[(rng.standard_normal(d) * rng.random(d) ** 4).astype(np.float32) for d in (3000, 2000)]
+             for _ in range(2)]
+    small = [[rng.standard_normal(10).astype(np.float32)] for _ in range(2)]
+    cfg = GsConfig(scope=scope, ratio=0.02, momentum=0.5, backend="torch")
+    layout = Layout.build(["a", "b"], [3000, 2000], cfg, ("c",), (10,))
+
+    def run(ops, to):
+        def rank(r, comm):
+            res = GsSgd(cfg, ops, comm).step(layout, [to(g) for g in grads[r]], [to(np.zeros(3000, np.float32)),
+                                             to(np.zeros(2000, np.float32))], [to(np.zeros(3000, np.float32)),
+                                             to(np.zeros(2000, np.float32))], 0, True, [to(g) for g in small[r]])
+            return [np.asarray(x) for x in res.updates + res.residuals + res.momenta]
+        return Ranks(2, wrap=to).run(rank)[0]
+
+    for a, b in zip(run(TorchOps("torch"), torch.from_numpy), run(TfOps(), tf.constant)):
+        assert np.array_equal(a != 0, b != 0)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return horovodrun("tf_scenarios.py", 2, "gloo", tmp_path_factory.mktemp("tf"))
+    return horovodrun("tf_scenarios.py", 2, "gloo", tmp_path_factory.mktemp("tf"), timeout=480)
 
 
 def test_k_equal_d_with_exact_round_is_dense_allreduce(ranks):
@@ -45,23 +58,38 @@ def test_every_rank_applies_the_identical_update(ranks, graph, exact):
 def test_warmup_then_sketching_runs_alike_on_every_rank(ranks):
     assert ranks[0]["warmup_digests"] == ranks[1]["warmup_digests"]
     assert len(set(ranks[0]["warmup_digests"])) == 4
-    assert ranks[0]["warmup_steps"] == {"w1:0": 4, "b1:0": 4, "w2:0": 4}
+    assert ranks[0]["warmup_steps"] == [4]
 
 
 def test_checkpoint_resume_is_bitwise_identical(ranks):
     for r in ranks:
         assert r["resume_restored"] == r["resume_straight"]
-        assert r["resume_steps"] == {"w1:0": 8, "b1:0": 8, "w2:0": 8}
+        assert r["resume_steps"] == [8]
 
 
-def test_nan_raises_on_every_rank_and_keeps_residuals_finite(ranks):
+@pytest.mark.parametrize("mode", ["raise", "skip"])
+def test_a_nan_in_one_gradient_on_one_rank_commits_nothing_on_any_rank(ranks, mode):
     for r in ranks:
-        assert "GsSketch: the gradient of \\'w1:0\\' is NaN or infinite on at least one rank" in r["nan_error"]
-        assert r["nan_w1_unchanged"] and r["nan_residuals_finite"]
+        if mode == "raise":
+            assert "GsSketch: the gradient of 'w2:0' is NaN or infinite on at least one rank at step 1" \
+                in r["nan_raise_error"].replace("\\", "")
+        else:
+            assert r["nan_skip_error"] is None
+        assert r[f"nan_{mode}_unchanged"] and r[f"nan_{mode}_steps"] == [1]
+
+
+def test_bfloat16_variables_train_alike_on_every_rank(ranks):
+    assert ranks[0]["bf16_finite"] and ranks[0]["bf16_digest"] == ranks[1]["bf16_digest"]
+
+
+def test_diverging_selections_and_options_fail_on_every_rank(ranks):
+    for r in ranks:
+        assert "GsSketch: ranks selected different heavy hitters at step 0" in r["check_every_error"]
+        assert "GsSketch options differ across ranks" in r["mismatch_seed_error"]
 
 
 def test_keras_training_stays_close_to_dense(ranks):
-    # 12 epochs of tf-keras fit, k = 5 % of each tensor. Measured: accuracy 0.947 vs 0.958.
+    # 12 epochs of tf-keras fit, k = 5 % of the model's coordinates
     for r in ranks:
         (dense_loss, dense_acc), (gs_loss, gs_acc) = r["keras_dense"], r["keras_gs"]
         assert gs_acc >= dense_acc - 0.05 and gs_loss <= dense_loss + 0.15

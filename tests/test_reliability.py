@@ -4,7 +4,6 @@ shapes, and a rank that dies."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,15 +20,15 @@ def ranks(tmp_path_factory):
 
 def test_nan_on_one_rank_raises_on_every_rank_and_keeps_residuals(ranks):
     for r in ranks:
-        assert re.match(r"GsSketch: the gradient of 'n\.raise\.[\w.]+' is NaN or infinite on at least one rank "
-                        r"at step 1", r["nan_raise_error"])
+        assert r["nan_raise_error"].startswith("GsSketch: the gradient of 'n.raise.2.weight' is NaN or infinite on "
+                                               "at least one rank at step 1; residuals are left as before the step")
         assert r["nan_raise_residuals_unchanged"] and r["nan_raise_params_unchanged"]
 
 
 def test_nan_with_skip_drops_the_update_on_every_rank_and_trains_on(ranks):
     for r in ranks:
         assert r["nan_skip_error"] is None
-        assert r["nan_skip_skipped"] == 6  # all 6 tensors of the MLP had NaN gradients
+        assert r["nan_skip_skipped"] == 1  # the whole step (one global sketch) was dropped
         assert r["nan_skip_residuals_unchanged"] and r["nan_skip_params_unchanged"]
         assert r["nan_skip_then_finite"]
     assert ranks[0]["nan_skip_then_digest"] == ranks[1]["nan_skip_then_digest"]

@@ -32,7 +32,8 @@ class Mlp(tf.Module):
         self.w2 = tf.Variable(rng.standard_normal((64, 10)).astype(np.float32) * 0.1, name="w2")
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
-        return tf.nn.relu(x @ self.w1 + self.b1) @ self.w2
+        h = tf.nn.relu(tf.cast(x, self.w1.dtype) @ self.w1 + self.b1)  # w1, b1 may be bfloat16
+        return tf.cast(h, tf.float32) @ self.w2
 
 
 def digest(model: tf.Module) -> str:
@@ -45,11 +46,14 @@ def batch(x: np.ndarray, y: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarr
 
 
 def make_step(model: Mlp, compression, graph: bool = True, lr: float = 0.1):
+    """An SGD step with DistributedGradientTape; its optional third argument is added to w2's
+    gradient (to plant a NaN in one known gradient on one rank)."""
     variables = [model.w1, model.b1, model.w2]
 
-    def step(xb, yb):
+    def step(xb, yb, w2_extra=0.0):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, model(xb)))
+            loss += tf.reduce_sum(model.w2 * w2_extra)
         grads = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
         for v, g in zip(variables, grads):
             v.assign_sub(lr * g)
@@ -110,7 +114,7 @@ def main(out_dir: str) -> None:
         step(*batch(x, y, i))
         digests.append(digest(model))
     result["warmup_digests"] = digests
-    result["warmup_steps"] = {k: int(v.steps.numpy()) for k, v in gs.states.items()}
+    result["warmup_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
     # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
     n = 4
@@ -124,34 +128,63 @@ def main(out_dir: str) -> None:
     tf.train.Checkpoint(model=model, compression=gs).read(path)  # gs state restored when created
     run(model, make_step(model, gs), x, y, range(n, 2 * n))
     result["resume_restored"] = digest(model)
-    result["resume_steps"] = {k: int(v.steps.numpy()) for k, v in gs.states.items()}
+    result["resume_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
-    # NaN on one rank: the same error on every rank, residuals untouched
-    model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64)
-    step = make_step(model, gs)
-    step(*batch(x, y, 0))
-    before = {k: v.residual.numpy().copy() for k, v in gs.states.items()}
-    xb, yb = batch(x, y, 1)
-    if hvd.rank() == 1:
-        xb = xb.copy()
-        xb[0, 0] = np.nan
-    try:
-        step(xb, yb)
-        result["nan_error"] = None
-    except tf.errors.InvalidArgumentError as e:
-        result["nan_error"] = e.message
-    # TF's relu maps NaN to 0, so only w1's gradient is NaN: w1 keeps its residual and step
-    # count; the finite b1 and w2 may have been committed; every residual stays finite
-    result["nan_w1_unchanged"] = bool(np.array_equal(gs.states["w1:0"].residual.numpy(), before["w1:0"])
-                                      and int(gs.states["w1:0"].steps.numpy()) == 1)
-    result["nan_residuals_finite"] = all(bool(np.isfinite(v.residual.numpy()).all()) for v in gs.states.values())
+    # NaN planted in w2's gradient on rank 1: the same error on every rank naming w2, nothing committed
+    for mode in ("raise", "skip"):
+        model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64, nonfinite=mode)
+        step = make_step(model, gs)
+        step(*batch(x, y, 0))
+        before = [v.residual.numpy().copy() for v in gs.states.values()] + [digest(model)]
+        poison = np.zeros((64, 10), np.float32)
+        if hvd.rank() == 1:
+            poison[3, 7] = np.nan
+        try:
+            step(*batch(x, y, 1), poison)
+            result[f"nan_{mode}_error"] = None
+        except tf.errors.InvalidArgumentError as e:
+            result[f"nan_{mode}_error"] = e.message
+        after = [v.residual.numpy() for v in gs.states.values()] + [digest(model)]
+        result[f"nan_{mode}_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, after))
+        result[f"nan_{mode}_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
+
+    # bfloat16 variables, a large one (sketched) and a small one (sent exactly)
+    model = Mlp(6)
+    for name in ("w1", "b1"):
+        setattr(model, name, tf.Variable(tf.cast(getattr(model, name), tf.bfloat16), name=name))
+    step = make_step(model, GsSketch(ratio=0.05, min_size=64))
+    for i in range(3):
+        step(*batch(x, y, i))
+    result["bf16_digest"] = digest(model)
+    result["bf16_finite"] = all(bool(np.isfinite(tf.cast(v, tf.float32).numpy()).all())
+                                for v in model.trainable_variables)
 
     # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
     result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)
     result["keras_gs"] = keras_fit(x, y, GsSketch(ratio=0.05, min_size=64))
 
+    # Last, as a failed step leaves Horovod's collectives of that step unmatched: a selection
+    # that differs on one rank (check_every), and options that differ across ranks.
+    model, gs = Mlp(7), GsSketch(ratio=0.05, min_size=64, check_every=1)
+    if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
+        heavy_hitters = gs.ops.heavy_hitters
+        gs.ops.heavy_hitters = lambda table, keys, n, count: ((heavy_hitters(table, keys, n, count)[0] + 1) % n,
+                                                              heavy_hitters(table, keys, n, count)[1])
+    result["check_every_error"] = _error(lambda: make_step(model, gs)(*batch(x, y, 0)))
+    model = Mlp(8)
+    result["mismatch_seed_error"] = _error(lambda: make_step(model, GsSketch(seed=hvd.rank(), min_size=64))(
+        *batch(x, y, 0)))
+
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(result, f)
+
+
+def _error(fn) -> str | None:
+    try:
+        fn()
+    except tf.errors.InvalidArgumentError as e:
+        return e.message
+    return None
 
 
 if __name__ == "__main__":

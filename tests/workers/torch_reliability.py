@@ -2,8 +2,9 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_reliability.py OUT_DIR
 
-Faults are injected into the inputs (a NaN on one rank) or, for the selection checksum, into
-one rank's heavy-hitter choice; everything else is the real GsSketch inside Horovod.
+Faults are injected into one known gradient (a NaN on one rank) or, for the selection
+checksum, into one rank's heavy-hitter choice; everything else is the real GsSketch inside
+Horovod.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp
 
-from gs_horovod.gs_sgd import GsSgd
 from gs_horovod.torch import GsSketch
 
 
@@ -29,13 +29,16 @@ def batch(x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, to
     return x[idx], y[idx]
 
 
-def step(model, opt, x, y, i: int, poison: bool = False) -> None:
+def step(model, opt, x, y, i: int, poison: torch.nn.Parameter | None = None) -> None:
+    """One SGD step; ``poison``: this parameter's gradient gets one NaN (before Horovod sees it)."""
     xb, yb = batch(x, y, i)
-    if poison:
-        xb = xb.clone()
-        xb[0, 0] = float("nan")
+    handle = None
+    if poison is not None:
+        handle = poison.register_hook(lambda g: g.index_fill(0, torch.tensor([3]), float("nan")))
     opt.zero_grad()
     F.cross_entropy(model(xb), yb).backward()
+    if handle is not None:
+        handle.remove()
     opt.step()
 
 
@@ -48,7 +51,7 @@ def nonfinite(result: dict, x, y) -> None:
         residuals = {n: t["residual"].clone() for n, t in gs.state_dict()["tensors"].items()}
         params = flat(model).clone()
         try:
-            step(model, opt, x, y, 1, poison=hvd.rank() == 1)
+            step(model, opt, x, y, 1, poison=model[2].weight if hvd.rank() == 1 else None)
             result[f"nan_{mode}_error"] = None
         except FloatingPointError as e:
             result[f"nan_{mode}_error"] = str(e)
@@ -69,27 +72,23 @@ def selection_checksum(result: dict, x, y) -> None:
     for i in range(3):
         step(model, opt, x, y, i)
     result["check_every_clean"] = True
-    select = GsSgd.select
-
-    def skewed(self, name, merged):  # one rank swaps one selected index for another
-        sel = select(self, name, merged)
-        if hvd.rank() == 1:
-            taken = set(sel.indices.tolist())
-            sel.indices[0] = next(i for i in range(sel.indices.max().item() + 2) if i not in taken)
-            sel.indices = sel.indices.sort().values
-        return sel
-
-    GsSgd.select = skewed
     model = mlp(8)
-    opt = distributed(model, "k.bad.", GsSketch(ratio=0.05, min_size=64, check_every=2))
+    gs = GsSketch(ratio=0.05, min_size=64, check_every=2)
+    if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
+        heavy_hitters = gs.ops.heavy_hitters
+
+        def skewed(table, keys, length, count):
+            idx, est = heavy_hitters(table, keys, length, count)
+            return (idx + 1) % length, est
+
+        gs.ops.heavy_hitters = skewed
+    opt = distributed(model, "k.bad.", gs)
     try:
         for i in range(3):
             step(model, opt, x, y, i)
         result["check_every_error"] = None
     except RuntimeError as e:
         result["check_every_error"] = f"step {i}: {e}"
-    finally:
-        GsSgd.select = select
 
 
 def resume(result: dict, x, y) -> None:
