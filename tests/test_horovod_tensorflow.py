@@ -93,3 +93,11 @@ def test_keras_training_stays_close_to_dense(ranks):
     for r in ranks:
         (dense_loss, dense_acc), (gs_loss, gs_acc) = r["keras_dense"], r["keras_gs"]
         assert gs_acc >= dense_acc - 0.05 and gs_loss <= dense_loss + 0.15
+
+
+def test_tree_merge_over_mpi_matches_dense_and_agrees_across_ranks(tmp_path):
+    ranks = horovodrun("tf_mpi.py", 2, "mpi", tmp_path, timeout=300)
+    for r in ranks:
+        assert r["k_equals_d_max_abs_diff"] <= 1e-6
+        assert r["merge_calls"] == 8  # 4 steps: one sketch merge and one exact round each
+    assert len(set(ranks[0]["digests"])) == 4 and ranks[0]["digests"] == ranks[1]["digests"]

@@ -1,0 +1,46 @@
+"""Runs under ``horovodrun --mpi``: the TensorFlow GsSketch with ``merge="mpi"`` (tree merge over
+mpi4py inside the graph), one JSON file per rank.
+
+    horovodrun -np 2 -H localhost:2 --mpi python tests/workers/tf_mpi.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from sklearn.datasets import load_digits
+from tf_scenarios import Mlp, batch, digest, make_step, run
+
+from gs_horovod.tensorflow import GsSketch
+
+
+def main(out_dir: str) -> None:
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    x, y = load_digits(return_X_y=True)
+    x, y = (x / 16.0).astype("float32")[hvd.rank()::hvd.size()], y.astype("int64")[hvd.rank()::hvd.size()]
+    result: dict = {"rank": hvd.rank()}
+    dense, gs = Mlp(0), Mlp(0)
+    run(dense, make_step(dense, hvd.Compression.none), x, y, range(3))
+    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, min_size=1, sketch_dtype="float32")
+    run(gs, make_step(gs, compression), x, y, range(3))
+    result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
+                                            for a, b in zip(dense.trainable_variables, gs.trainable_variables))
+    model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64)
+    step = make_step(model, compression)
+    digests = []
+    for i in range(4):
+        step(*batch(x, y, i))
+        digests.append(digest(model))
+    result["digests"] = digests
+    result["merge_calls"] = compression.merge_stats.calls
+    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
