@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 from .kernels import BACKENDS
-from .kernels.hashing import HASH_VERSION, MAX_COLS, row_keys
+from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
 from .sketch import Array, ArrayOps
 
 NONFINITE = ("raise", "skip")
@@ -110,7 +110,7 @@ class GsConfig:
             _check_number("k", self.k, int, 1, 2**62)
             if self.ratio is not None:
                 raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
-        _check_number("rows", self.rows, int, 1, 31)
+        _check_number("rows", self.rows, int, 1, MAX_ROWS)
         _check_number("width", self.width, float, 0.0, float(MAX_COLS), low_open=True)
         if self.candidates is not None:
             _check_number("candidates", self.candidates, int, 1, 1024)
@@ -252,7 +252,7 @@ class GsSgd:
 
     def __init__(self, config: GsConfig, ops: ArrayOps, comm: Collectives) -> None:
         self.config, self.ops, self.comm = config, ops, comm
-        self.keys = row_keys(config.seed, config.rows)
+        self.keys = hash_keys(config.seed)
 
     def step(self, layout: Layout, grads: list[Array], residuals: list[Array], momenta: list[Array],
              steps: Any, check_options: Any, dense: list[Array] = ()) -> StepResult:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .kernels.hashing import MAX_COLS, row_keys
+from .kernels.hashing import MAX_COLS, hash_keys
 
 Array = Any  # a framework's tensor: torch.Tensor, tf.Tensor, ...
 
@@ -119,7 +119,7 @@ class CountSketch:
         self.rows, self.cols, self.seed = rows, cols, seed
         self.ops = ops
         self.table = table
-        self.keys = row_keys(seed, rows)
+        self.keys = hash_keys(seed)
 
     @classmethod
     def zeros(cls, rows: int, cols: int, seed: int, ops: ArrayOps, like: Array) -> CountSketch:

@@ -1,63 +1,103 @@
-"""Count-Sketch kernels in TensorFlow ops (graph-safe), bit for bit the hashes of :mod:`.hashing`."""
+"""Count-Sketch kernels in pure TensorFlow ops: graph-safe (usable inside ``tf.function`` with a
+static ``count``), the same contract and bitwise the same hashes and tables as the NumPy
+reference, :mod:`.numba_cpu` and :mod:`.torch_ops` (see :mod:`.hashing`)::
+
+    accumulate(table, vec, keys, offset) -> table       # + sketch of vec (n,) f32 at offset..offset+n-1
+    accumulate_at(table, idx, vals, keys) -> table      # + sketch of vals (n,) f32 at idx (n,) int64
+    heavy_hitters(table, keys, length, count, offset=0) -> (idx (count,) int64 ascending, est (count,) f32)
+    top_abs(x, count) -> idx (count,) int64 ascending
+
+The hash runs in int64 ops (multiplication wraps mod 2^64, logical shifts by masking), which
+TensorFlow has on every device, unlike some uint64 kernels. Additions go through
+``tensor_scatter_nd_add``, which adds in index order onto the table, as ``index_add_`` and the
+Numba kernels do. ``heavy_hitters`` computes every estimate (no pruning: one gather per row
+and a sort over rows), so it holds O(rows · length) temporaries; ``top_abs`` uses ``top_k`` on
+int32 keys of |x| and a tie fix by index.
+"""
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from .hashing import GOLDEN, MASK32, MIX1, MIX2
+from .hashing import M1, M2, M3, MASK32, to_int64
+
+_NAN_KEY = 0x7F800001
+_M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
 
 
-def _mul32(x: tf.Tensor, m: int) -> tf.Tensor:
-    lo = x * (m & 0xFFFF)
-    hi = tf.bitwise.left_shift(tf.bitwise.bitwise_and(x * (m >> 16), 0xFFFF), 16)
-    return tf.bitwise.bitwise_and(lo + hi, MASK32)
+def _srl(x: tf.Tensor, s: int) -> tf.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(s, tf.int64)), (1 << (64 - s)) - 1)
 
 
-def _hash(lo: tf.Tensor, hi_mix: tf.Tensor, key: int) -> tf.Tensor:
-    x = tf.bitwise.bitwise_and(tf.bitwise.bitwise_xor(lo, key) + hi_mix, MASK32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
-    x = _mul32(x, MIX1)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 13))
-    x = _mul32(x, MIX2)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, 16))
+def hashes(g: tf.Tensor, keys: np.ndarray, rows: int, cols: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Buckets (rows, n) int64 and sign bits (rows, n) bool (True: -1) of coordinates g (n,) int64."""
+    xor, band = tf.bitwise.bitwise_xor, tf.bitwise.bitwise_and
+    z = xor(g, tf.constant(int(keys[0]), tf.int64))
+    z = xor(z, _srl(z, 30)) * _M1
+    z = xor(z, _srl(z, 27)) * _M2
+    z = xor(z, _srl(z, 31))
+    h1, h2 = band(z, MASK32), tf.bitwise.bitwise_or(_srl(z, 32), 1)
+    w = xor(z, _srl(z, 29)) * _M3
+    j = tf.range(rows, dtype=tf.int64)[:, None]
+    buckets = tf.bitwise.right_shift(band(h1[None, :] + j * h2[None, :], MASK32) * cols, tf.constant(32, tf.int64))
+    neg = band(tf.bitwise.right_shift(w[None, :], 63 - j), 1) != 0
+    return buckets, neg
 
 
-def _buckets_signs(keys: np.ndarray, cols: int, g: tf.Tensor) -> list[tuple[tf.Tensor, tf.Tensor]]:
-    lo = tf.bitwise.bitwise_and(g, MASK32)
-    hi_mix = tf.bitwise.bitwise_and(tf.bitwise.right_shift(g, 32) * GOLDEN, MASK32)
-    out = []
-    for key in keys.tolist():
-        h = _hash(lo, hi_mix, key)
-        sign = 1.0 - 2.0 * tf.cast(tf.bitwise.bitwise_and(h, 1), tf.float32)
-        out.append((tf.bitwise.right_shift(h * cols, 32), sign))
-    return out
+def accumulate_at(table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
+    """``table`` (rows, cols) f32 plus the sketch of the sparse vector with ``vals`` (n,) f32 at
+    global coordinates ``idx`` (n,) int64 in [0, 2^62), added in idx order."""
+    rows, cols = int(table.shape[0]), int(table.shape[1])
+    buckets, neg = hashes(tf.cast(idx, tf.int64), keys, rows, cols)
+    vals = tf.cast(vals, tf.float32)
+    signed = tf.where(neg, -vals[None, :], vals[None, :])
+    row = tf.broadcast_to(tf.range(rows, dtype=tf.int64)[:, None], tf.shape(buckets))
+    cells = tf.reshape(tf.stack([row, buckets], axis=-1), [-1, 2])
+    return tf.tensor_scatter_nd_add(table, cells, tf.reshape(signed, [-1]))
 
 
 def accumulate(table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
+    """``table`` (rows, cols) f32 plus the sketch of ``vec`` (n,) f32 at coordinates offset..offset+n-1."""
     g = tf.range(offset, offset + tf.cast(tf.size(vec), tf.int64), dtype=tf.int64)
     return accumulate_at(table, g, vec, keys)
 
 
-def accumulate_at(table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
-    cols = int(table.shape[1])
-    hashes = _buckets_signs(keys, cols, tf.cast(idx, tf.int64))
-    return table + tf.stack([tf.math.unsorted_segment_sum(s * vals, b, cols) for b, s in hashes])
-
-
-def heavy_hitters(table: tf.Tensor, keys: np.ndarray, length: int, count: int, offset: int = 0) -> Any:
+def _estimates(table: tf.Tensor, g: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
     rows, cols = int(table.shape[0]), int(table.shape[1])
-    g = tf.range(offset, offset + length, dtype=tf.int64)
-    est = tf.sort(tf.stack([tf.gather(table[j], b) * s
-                            for j, (b, s) in enumerate(_buckets_signs(keys, cols, g))]), axis=0)
-    est = est[rows // 2] if rows % 2 else (est[rows // 2 - 1] + est[rows // 2]) * 0.5
-    idx = top_abs(est, count)
-    return idx, tf.gather(est, idx)
+    buckets, neg = hashes(g, keys, rows, cols)
+    v = tf.gather(table, buckets, batch_dims=1)
+    est = tf.sort(tf.where(neg, -v, v), axis=0)
+    return est[rows // 2] if rows % 2 else (est[rows // 2 - 1] + est[rows // 2]) * 0.5
+
+
+def _abs_key(x: tf.Tensor) -> tf.Tensor:
+    k = tf.bitwise.bitwise_and(tf.bitcast(tf.cast(x, tf.float32), tf.int32), 0x7FFFFFFF)
+    return tf.where(k > 0x7F800000, tf.constant(_NAN_KEY, tf.int32), k)
+
+
+def _top_keys(key: tf.Tensor, count: int) -> tf.Tensor:
+    """Positions (count,) int64 ascending of the ``count`` largest int32 keys, ties to smaller positions."""
+    cut = tf.reduce_min(tf.math.top_k(key, count, sorted=False).values)
+    above = tf.reshape(tf.where(key > cut), [-1])
+    ties = tf.reshape(tf.where(key == cut), [-1])[: count - tf.size(above)]
+    return tf.ensure_shape(tf.sort(tf.concat([above, ties], 0)), [count])
 
 
 def top_abs(x: tf.Tensor, count: int) -> tf.Tensor:
-    mag = tf.where(tf.math.is_nan(x), tf.constant(np.inf, x.dtype), tf.abs(x))
-    order = tf.argsort(mag, direction="DESCENDING", stable=True)[:count]
-    return tf.sort(tf.cast(order, tf.int64))
+    """Indices (count,) int64 ascending of the ``count`` largest |x| of x (n,) f32 (ties: smaller
+    index; NaN above ±Inf above every finite value)."""
+    return _top_keys(_abs_key(x), count)
+
+
+def heavy_hitters(table: tf.Tensor, keys: np.ndarray, length: int, count: int,
+                  offset: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+    """The ``count`` coordinates of offset..offset+length-1 with the largest |median-of-rows
+    estimate| (ties: smaller index): (idx (count,) int64 ascending in [0, length), est (count,) f32)."""
+    if not 1 <= count <= length:
+        raise ValueError(f"count must be in [1, length={length}], got {count}")
+    est = _estimates(table, tf.range(offset, offset + length, dtype=tf.int64), keys)
+    idx = _top_keys(_abs_key(est), count)
+    return idx, tf.gather(est, idx)
+

@@ -1,14 +1,24 @@
 """Count-Sketch kernels over torch tensors, and the dispatch of torch tensors to every backend.
 
-Three backends share one contract (see :mod:`.hashing` for the hash)::
+One contract for every backend (see :mod:`.hashing` for the hash; ``keys`` = ``hash_keys(seed)``)::
 
-    accumulate(table, vec, keys, offset)   # table (rows, cols) f32 += sketch of vec (n,) f32
-    query(table, keys, offset, out)        # out (n,) f32 = median-of-rows estimate
+    accumulate(backend, table, vec, keys, offset)           # table (rows, cols) f32 += sketch of vec (n,) f32
+    accumulate_at(backend, table, idx, vals, keys)          # ... of vals (n,) f32 at coordinates idx (n,) int64
+    heavy_hitters(backend, table, keys, length, count, offset=0) -> (idx (count,) int64, est (count,) f32)
+    top_abs(backend, x, count) -> idx (count,) int64        # the count largest |x|
+    query(backend, table, keys, offset, out)                # out (n,) f32 = every estimate (unpruned)
 
-``"torch"`` uses torch ops (CPU or CUDA), in chunks so temporaries stay O(chunk);
-``"numba"`` runs the Numba CPU kernels on zero-copy NumPy views; ``"cuda"`` runs the Numba
-CUDA kernels on zero-copy ``__cuda_array_interface__`` views (NumPy views under the CUDA
-simulator). ``"auto"`` picks ``"numba"`` for CPU tensors and ``"cuda"`` for CUDA tensors.
+Orders are exact and deterministic: ``heavy_hitters`` and ``top_abs`` select under (|value|
+desc, index asc), NaN above ±Inf above finite values, and return indices ascending. Additions
+into a cell run in coordinate (``idx``) order on the CPU backends, so "torch" and "numba"
+tables are bitwise equal; "cuda" adds with float atomics (last bits may vary between runs).
+
+``"torch"`` uses torch ops (CPU or CUDA) in chunks of ``_CHUNK`` coordinates, so temporaries
+stay O(chunk); its ``heavy_hitters`` computes every estimate of a chunk (no pruning) and keeps
+a running top ``count``. ``"numba"`` runs :mod:`.numba_cpu` on zero-copy NumPy views;
+``"cuda"`` runs :mod:`.numba_cuda` on zero-copy ``__cuda_array_interface__`` views (NumPy views
+under the CUDA simulator), with its ``top_abs`` and the final ordering of ``heavy_hitters``'
+candidates in torch ops. ``"auto"`` picks ``"numba"`` for CPU tensors, ``"cuda"`` for CUDA ones.
 """
 
 from __future__ import annotations
@@ -19,55 +29,94 @@ import numpy as np
 import torch
 
 from . import BACKENDS
-from .hashing import GOLDEN, MASK32, MIX1, MIX2
+from .hashing import M1, M2, M3, MASK32, first_threshold_rank, to_int64
 
-_CHUNK = 1 << 20  # coordinates hashed per torch step: bounds temporaries to ~40 MB
-
-
-def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
-    """(x * m) mod 2^32 for x in [0, 2^32) without int64 overflow (m split in 16-bit halves)."""
-    return (x * (m & 0xFFFF) + (((x * (m >> 16)) & 0xFFFF) << 16)) & MASK32
+_CHUNK = 1 << 20  # coordinates hashed per torch step: bounds temporaries to ~40 MB per row
+_NAN_KEY = 0x7F800001  # every NaN's |x| key: above +Inf's 0x7F800000
+_M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
 
 
-def _hash(lo: torch.Tensor, hi_mix: torch.Tensor, key: int) -> torch.Tensor:
-    x = ((lo ^ key) + hi_mix) & MASK32
-    x = x ^ (x >> 16)
-    x = _mul32(x, MIX1)
-    x = x ^ (x >> 13)
-    x = _mul32(x, MIX2)
-    return x ^ (x >> 16)
+def _srl(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
 
 
-def _chunks(offset: int, n: int, device: torch.device):
-    """Yields (start, stop, low word, high word * GOLDEN mod 2^32) per chunk of coordinates."""
-    for start in range(0, n, _CHUNK):
-        stop = min(n, start + _CHUNK)
-        g = torch.arange(offset + start, offset + stop, dtype=torch.int64, device=device)
-        yield start, stop, g & MASK32, ((g >> 32) * GOLDEN) & MASK32
+def hashes(g: torch.Tensor, keys: np.ndarray, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Buckets (rows, n) int64 and sign bits (rows, n) bool (True: -1) of coordinates g (n,)
+    int64, in int64 ops (multiplication wraps mod 2^64)."""
+    z = g ^ int(keys[0])
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    z = z ^ _srl(z, 31)
+    h1, h2 = z & MASK32, _srl(z, 32) | 1
+    w = (z ^ _srl(z, 29)) * _M3
+    j = torch.arange(rows, dtype=torch.int64, device=g.device)[:, None]
+    buckets = (((h1 + j * h2) & MASK32) * cols) >> 32
+    return buckets, ((w >> (63 - j)) & 1).bool()
+
+
+def _abs_key(x: torch.Tensor) -> torch.Tensor:
+    """int32 key ordering |x| (float32 bits without the sign; every NaN one key above +Inf)."""
+    k = x.view(torch.int32) & 0x7FFFFFFF
+    return torch.where(k > 0x7F800000, torch.full_like(k, _NAN_KEY), k)
+
+
+def _top_keys(key: torch.Tensor, count: int) -> torch.Tensor:
+    """Positions (count,) int64 ascending of the ``count`` largest keys, ties to smaller positions."""
+    cut = torch.topk(key, count, sorted=False).values.min()
+    above = torch.nonzero(key > cut).flatten()
+    ties = torch.nonzero(key == cut).flatten()[: count - above.numel()]
+    return torch.cat([above, ties]).sort().values
+
+
+def torch_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
+    return _top_keys(_abs_key(x), count)
+
+
+def torch_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
+    rows, cols = table.shape
+    for start in range(0, idx.numel(), _CHUNK):
+        v = vals[start:start + _CHUNK]
+        buckets, neg = hashes(idx[start:start + _CHUNK], keys, rows, cols)
+        for j in range(rows):
+            table[j].index_add_(0, buckets[j], torch.where(neg[j], -v, v))
 
 
 def torch_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:
-    cols = table.shape[1]
-    for start, stop, lo, hi_mix in _chunks(offset, vec.numel(), vec.device):
-        x = vec[start:stop]
-        for j, key in enumerate(keys.tolist()):
-            h = _hash(lo, hi_mix, key)
-            table[j].index_add_(0, (h * cols) >> 32, torch.where((h & 1).bool(), -x, x))
+    for start in range(0, vec.numel(), _CHUNK):
+        v = vec[start:start + _CHUNK]
+        g = torch.arange(offset + start, offset + start + v.numel(), dtype=torch.int64, device=vec.device)
+        torch_accumulate_at(table, g, v, keys)
+
+
+def _estimates(table: torch.Tensor, g: torch.Tensor, keys: np.ndarray) -> torch.Tensor:
+    rows, cols = table.shape
+    buckets, neg = hashes(g, keys, rows, cols)
+    v = table.gather(1, buckets)
+    est = torch.where(neg, -v, v).sort(dim=0).values
+    if rows % 2:
+        return est[rows // 2]
+    return (est[rows // 2 - 1] + est[rows // 2]) * 0.5
 
 
 def torch_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    rows, cols = table.shape
-    for start, stop, lo, hi_mix in _chunks(offset, out.numel(), out.device):
-        est = torch.empty((rows, stop - start), dtype=table.dtype, device=table.device)
-        for j, key in enumerate(keys.tolist()):
-            h = _hash(lo, hi_mix, key)
-            v = table[j][(h * cols) >> 32]
-            est[j] = torch.where((h & 1).bool(), -v, v)
-        est = est.sort(dim=0).values
-        if rows % 2:
-            out[start:stop] = est[rows // 2]
-        else:
-            out[start:stop] = (est[rows // 2 - 1] + est[rows // 2]) * 0.5
+    for start in range(0, out.numel(), _CHUNK):
+        stop = min(out.numel(), start + _CHUNK)
+        g = torch.arange(offset + start, offset + stop, dtype=torch.int64, device=out.device)
+        out[start:stop] = _estimates(table, g, keys)
+
+
+def torch_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
+                        offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    idx = torch.empty(0, dtype=torch.int64, device=table.device)
+    est = torch.empty(0, dtype=torch.float32, device=table.device)
+    for start in range(0, length, _CHUNK):
+        g = torch.arange(start, min(length, start + _CHUNK), dtype=torch.int64, device=table.device)
+        idx, est = torch.cat([idx, g]), torch.cat([est, _estimates(table, g + offset, keys)])
+        if idx.numel() > count:
+            keep = _top_keys(_abs_key(est), count)
+            idx, est = idx[keep], est[keep]
+    return idx, est
 
 
 def _numba_threads() -> None:
@@ -83,6 +132,29 @@ def _numba_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, 
 
     _numba_threads()
     numba_cpu.accumulate(table.numpy(), vec.numpy(), keys, offset)
+
+
+def _numba_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
+    from . import numba_cpu
+
+    _numba_threads()
+    numba_cpu.accumulate_at(table.numpy(), idx.numpy(), vals.numpy(), keys)
+
+
+def _numba_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
+                         offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from . import numba_cpu
+
+    _numba_threads()
+    idx, est = numba_cpu.heavy_hitters(table.numpy(), keys, length, count, offset)
+    return torch.from_numpy(idx), torch.from_numpy(est)
+
+
+def _numba_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
+    from . import numba_cpu
+
+    _numba_threads()
+    return torch.from_numpy(numba_cpu.top_abs(x.numpy(), count))
 
 
 def _numba_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
@@ -102,26 +174,78 @@ def _cuda_view(t: torch.Tensor):
     raise ValueError("the 'cuda' sketch backend needs CUDA tensors (or NUMBA_ENABLE_CUDASIM=1)")
 
 
-def _cuda_keys(keys: np.ndarray, like: torch.Tensor):
-    return _cuda_view(torch.from_numpy(keys).to(like.device))
-
-
 def _cuda_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:
     from . import numba_cuda
 
-    numba_cuda.accumulate(_cuda_view(table), _cuda_view(vec), _cuda_keys(keys, table), offset)
+    numba_cuda.accumulate(_cuda_view(table), _cuda_view(vec), keys, offset)
+
+
+def _cuda_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
+    from . import numba_cuda
+
+    numba_cuda.accumulate_at(_cuda_view(table), _cuda_view(idx), _cuda_view(vals), keys)
 
 
 def _cuda_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
     from . import numba_cuda
 
-    numba_cuda.query(_cuda_view(table), _cuda_keys(keys, table), offset, _cuda_view(out))
+    numba_cuda.query(_cuda_view(table), keys, offset, _cuda_view(out))
 
 
-_KERNELS: dict[str, tuple[Callable, Callable]] = {
-    "torch": (torch_accumulate, torch_query),
-    "numba": (_numba_accumulate, _numba_query),
-    "cuda": (_cuda_accumulate, _cuda_query),
+def _cuda_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
+                        offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scans with thresholds [lo, hi): survivors are appended (atomically, in any order) to a
+    buffer of ``cap``; an overflow raises lo to the count-th |est| buffered, too few survivors
+    lower it (the next scan takes [lo', lo)). Candidates are then ordered in torch ops."""
+    from . import numba_cuda
+
+    rows, cols = table.shape
+    cells = table.abs().flatten()
+    cells = cells[:: max(1, cells.numel() // (1 << 16))].sort(descending=True).values
+    cap = count + max(count // 2, 1024)
+    buf_idx = torch.empty(cap, dtype=torch.int64, device=table.device)
+    buf_est = torch.empty(cap, dtype=torch.float32, device=table.device)
+    counter = torch.zeros(1, dtype=torch.int64, device=table.device)
+    idx, est = buf_idx[:0], buf_est[:0]
+    hi, slack = float("inf"), 2.0
+    rank = first_threshold_rank(cells.numel(), length, count, slack, rows)
+    lo = float(cells[rank - 1]) if rank < cells.numel() else 0.0
+    while True:
+        counter.zero_()
+        numba_cuda.scan(_cuda_view(table), keys, offset, length, lo, hi, _cuda_view(buf_idx), _cuda_view(buf_est),
+                        _cuda_view(counter))
+        found = int(counter.item())
+        if found > cap:  # at least cap >= count of them reach lo: the count-th best is a safe lo
+            cut = float(torch.topk(buf_est.abs(), count - idx.numel()).values.min())
+            if cut == lo:  # more than cap ties at lo: order the rest in torch ops
+                rest_idx, rest_est = torch_heavy_hitters(table, keys, length, count, offset)
+                return rest_idx, rest_est
+            lo = cut
+            continue
+        idx, est = torch.cat([idx, buf_idx[:found]]), torch.cat([est, buf_est[:found]])
+        if idx.numel() >= count or lo == 0.0:
+            break
+        slack *= 8
+        rank = first_threshold_rank(cells.numel(), length, count, slack, rows)
+        lower = float(cells[rank - 1]) if rank < cells.numel() else 0.0
+        hi, lo = lo, (lower if lower < lo else 0.0)
+    order = idx.sort().indices
+    idx, est = idx[order], est[order]
+    keep = _top_keys(_abs_key(est), count)
+    return idx[keep], est[keep]
+
+
+def _cuda_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
+    return torch_top_abs(x, count)
+
+
+_KERNELS: dict[str, dict[str, Callable]] = {
+    "torch": {"accumulate": torch_accumulate, "accumulate_at": torch_accumulate_at, "query": torch_query,
+              "heavy_hitters": torch_heavy_hitters, "top_abs": torch_top_abs},
+    "numba": {"accumulate": _numba_accumulate, "accumulate_at": _numba_accumulate_at, "query": _numba_query,
+              "heavy_hitters": _numba_heavy_hitters, "top_abs": _numba_top_abs},
+    "cuda": {"accumulate": _cuda_accumulate, "accumulate_at": _cuda_accumulate_at, "query": _cuda_query,
+             "heavy_hitters": _cuda_heavy_hitters, "top_abs": _cuda_top_abs},
 }
 
 
@@ -137,35 +261,35 @@ def resolve(backend: str, device: torch.device) -> str:
 
 
 def accumulate(backend: str, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:
-    """Adds the sketch of ``vec`` (n,) f32 at coordinates offset..offset+n-1 into ``table``."""
-    _KERNELS[resolve(backend, table.device)][0](table, vec, keys, offset)
-
-
-def query(backend: str, table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    """Writes the estimates of coordinates offset..offset+n-1 into ``out`` (n,) f32."""
-    _KERNELS[resolve(backend, table.device)][1](table, keys, offset, out)
+    """Adds, in place, the sketch of ``vec`` (n,) f32 at coordinates offset..offset+n-1 into
+    ``table`` (rows, cols) f32 (both contiguous)."""
+    _KERNELS[resolve(backend, table.device)]["accumulate"](table, vec, keys, offset)
 
 
 def accumulate_at(backend: str, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
-    """Adds the sketch of the sparse vector with ``vals`` (n,) f32 at coordinates ``idx`` (n,) int64."""
-    cols = table.shape[1]
-    lo, hi_mix = idx & MASK32, ((idx >> 32) * GOLDEN) & MASK32
-    for j, key in enumerate(keys.tolist()):
-        h = _hash(lo, hi_mix, key)
-        table[j].index_add_(0, (h * cols) >> 32, torch.where((h & 1).bool(), -vals, vals))
+    """Adds, in place, the sketch of the sparse vector with ``vals`` (n,) f32 at global
+    coordinates ``idx`` (n,) int64 in [0, 2^62) into ``table`` (rows, cols) f32, in idx order."""
+    _KERNELS[resolve(backend, table.device)]["accumulate_at"](table, idx, vals, keys)
 
 
 def heavy_hitters(backend: str, table: torch.Tensor, keys: np.ndarray, length: int, count: int,
                   offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(idx (count,) int64 ascending, estimates (count,) f32): the count largest |estimate| of
-    coordinates offset..offset+length-1 (indices relative to offset; ties: lower index)."""
-    est = torch.empty(length, dtype=torch.float32, device=table.device)
-    query(backend, table.contiguous(), keys, offset, est)
-    idx = top_abs(backend, est, count)
-    return idx, est[idx]
+    """The ``count`` coordinates of offset..offset+length-1 with the largest |median-of-rows
+    estimate| (ties: smaller index): (idx (count,) int64 ascending in [0, length), est (count,)
+    f32). ``table`` (rows, cols) f32 must be finite; needs (rows+1)//2 cells >= T to reach T."""
+    if not 1 <= count <= length:
+        raise ValueError(f"count must be in [1, length={length}], got {count}")
+    return _KERNELS[resolve(backend, table.device)]["heavy_hitters"](table, keys, length, count, offset)
 
 
 def top_abs(backend: str, x: torch.Tensor, count: int) -> torch.Tensor:
-    """int64 (count,) ascending: the count largest |x| (NaN and ±Inf largest; ties: lower index)."""
-    mag = torch.where(torch.isnan(x), torch.full_like(x, float("inf")), x.abs())
-    return torch.argsort(mag, descending=True, stable=True)[:count].sort().values
+    """Indices (count,) int64 ascending of the ``count`` largest |x| of x (n,) f32 (ties: smaller
+    index; NaN above ±Inf above every finite value)."""
+    if not 1 <= count <= x.numel():
+        raise ValueError(f"count must be in [1, n={x.numel()}], got {count}")
+    return _KERNELS[resolve(backend, x.device)]["top_abs"](x, count)
+
+
+def query(backend: str, table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
+    """Writes every estimate of coordinates offset..offset+n-1 into ``out`` (n,) f32 (unpruned)."""
+    _KERNELS[resolve(backend, table.device)]["query"](table, keys, offset, out)

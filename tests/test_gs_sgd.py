@@ -8,7 +8,7 @@ import torch
 from simulated_ranks import Ranks
 
 from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
-from gs_horovod.kernels.hashing import reference_buckets_signs, row_keys
+from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.torch import GsSketch, TorchOps
 
 NAMES = ["a.weight", "b.weight"]
@@ -157,7 +157,7 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
     GsSgd(cfg, TorchOps("numba"), comm).step(layout, grads, [torch.zeros(3000), torch.zeros(1700)], [], 0, False)
     x = torch.cat(grads).numpy()
     cols = cfg.cols_for(4700)
-    buckets, signs = reference_buckets_signs(row_keys(0, cfg.rows), cols, 0, 4700)
+    buckets, signs = reference_buckets_signs(hash_keys(0), cols, 0, 4700, cfg.rows)
     expected = np.zeros((cfg.rows, cols), np.float32)
     for j in range(cfg.rows):
         for i in range(4700):  # the same order of additions as the kernel
