@@ -43,7 +43,6 @@ NONFINITE = ("raise", "skip")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
 DEFAULT_RATIO = 0.01
-DEFAULT_CANDIDATES = 2
 
 
 def _check_number(name: str, value: Any, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
@@ -61,7 +60,9 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class GsConfig:
-    """Options of gs-SGD, validated at construction.
+    """Options of gs-SGD, validated at construction. The default sizes (rows 3, width 2, one
+    round of k candidates, pre-filter 1, float16 sketch) were chosen by measured delivered mass
+    per byte (``scripts/bench_recovery.py``, docs/design.md "Recovery").
 
     scope: "global" (one sketch of all compressed coordinates per step, k = ceil(ratio · D))
         or "layer" (one sketch per tensor, k = ceil(ratio · d) each).
@@ -70,7 +71,7 @@ class GsConfig:
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k: cols = ceil(width · k).
     candidates: m; the sketch nominates m·k coordinates and the exact round picks k of them
-        (m > 1 needs ``exact``); default 2 with the exact round, 1 without.
+        (m > 1 needs ``exact``).
     prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
@@ -90,7 +91,7 @@ class GsConfig:
     k: Optional[int] = None
     rows: int = 3
     width: float = 2.0
-    candidates: Optional[int] = None
+    candidates: int = 1
     prefilter: int = 1
     sketch_dtype: str = "float16"
     seed: int = 0
@@ -112,14 +113,13 @@ class GsConfig:
                 raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
         _check_number("rows", self.rows, int, 1, MAX_ROWS)
         _check_number("width", self.width, float, 0.0, float(MAX_COLS), low_open=True)
-        if self.candidates is not None:
-            _check_number("candidates", self.candidates, int, 1, 1024)
+        _check_number("candidates", self.candidates, int, 1, 1024)
         _check_number("prefilter", self.prefilter, int, 0, 1024)
         _check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
         _check_number("seed", self.seed, int, 0, 2**64 - 1)
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be a bool, got {type(self.exact).__name__}")
-        if self.candidates is not None and self.candidates > 1 and not self.exact:
+        if self.candidates > 1 and not self.exact:
             raise ValueError(f"candidates={self.candidates} needs the exact round (exact=True)")
         _check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         _check_number("min_size", self.min_size, int, 1, 2**62)
@@ -136,11 +136,6 @@ class GsConfig:
             return self.k
         ratio = DEFAULT_RATIO if self.ratio is None else self.ratio
         return min(n, max(1, math.ceil(ratio * n)))
-
-    @property
-    def m(self) -> int:
-        """Candidates per selected coordinate (``candidates``, or its default)."""
-        return self.candidates if self.candidates is not None else (DEFAULT_CANDIDATES if self.exact else 1)
 
     def cols_for(self, n: int) -> int:
         """Sketch columns for a group of n coordinates."""
@@ -201,7 +196,7 @@ class Layout:
                                  "raise min_size above k or use ratio")
             k = config.k_for(size)
             fed = min(size, config.prefilter * k) if config.prefilter else size
-            groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.m * k)))
+            groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
         return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
                    tuple(dense_sizes))
 

@@ -111,7 +111,7 @@ def main() -> None:
 
         cfg = GsConfig(k=k)
         print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}); gs: GsSketch defaults (rows {cfg.rows}, cols {cfg.width}·k, "
-              f"{cfg.m}·k candidates, {cfg.sketch_dtype} sketch); Sketched-SGD: rows {SKETCHED_ROWS}, cols "
+              f"{cfg.candidates}·k candidates, {cfg.sketch_dtype} sketch); Sketched-SGD: rows {SKETCHED_ROWS}, cols "
               f"{SKETCHED_WIDTH}·k, {P2}·k candidates; PowerSGD rank 4; MB through the busiest rank per step "
               "(payload per rank in the first row)")
         print("| P | " + " | ".join(methods) + " |")
