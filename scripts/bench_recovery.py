@@ -49,7 +49,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SHIPPED = dict(rows=1, width=4.0, candidates=2, prefilter=1, sketch_dtype="float16")
+SHIPPED = dict(rows=3, width=2.0, candidates=1, prefilter=1, sketch_dtype="float16")
 MIN_SIZE = 1024
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
@@ -466,9 +466,9 @@ def gs_grid(level: str, ranks: int) -> Iterator[GsConfig]:
     if level == "quick":
         base = GsConfig(**SHIPPED)
         seen = set()
-        for change in ({}, {"rows": 3}, {"width": 2.0}, {"width": 8.0}, {"candidates": 1}, {"candidates": 4},
-                       {"prefilter": 2}, {"prefilter": 0}, {"sketch_dtype": "float32"}, {"rows": 3, "width": 2.0},
-                       {"rows": 5, "width": 4.0}, {"scope": "layer"}):
+        for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0}, {"width": 4.0},
+                       {"candidates": 2}, {"candidates": 0}, {"prefilter": 2}, {"prefilter": 0},
+                       {"sketch_dtype": "float32"}, {"rows": 5, "width": 4.0, "candidates": 2}, {"scope": "layer"}):
             cfg = GsConfig(**{**asdict(base), **change})
             if cfg not in seen:
                 seen.add(cfg)
@@ -542,10 +542,36 @@ def compare(records: list[dict], ranks: int, cfg: dict) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- report
 
-def report(paths: list[str], plot: Optional[str]) -> None:
-    """Prints, per (task, ratio, P), the baselines and the gs configs on the Pareto front; plots
-    mass against wire bytes."""
-    records = [json.loads(line) for p in paths for line in open(p) if line.strip()]
+def summary(groups: dict[tuple, list[dict]], shipped: dict) -> None:
+    """One row per (task, ratio, P): both gTop-k, the shipped gs and the best gs global config
+    within gTop-k's bytes."""
+    print("\n### Shipped gs global vs gTop-k\n")
+    print("| task | ratio | P | gTop-k mass | gTop-k (global) mass | shipped mass | shipped / gTop-k mass "
+          "| shipped / gTop-k bytes | best gs global within gTop-k bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (task, ratio, P), rs in sorted(groups.items()):
+        ref = next((r for r in rs if r["method"] == "gTop-k"), None)
+        glob = next((r for r in rs if r["method"] == "gTop-k (global)"), None)
+        ship = next((r for r in rs if "rows" in r and all(r.get(key) == v for key, v in shipped.items())), None)
+        if not (ref and glob and ship):
+            continue
+        fits = [r for r in rs if r.get("scope") == "global" and r["method"] == "gs global"
+                and r["wire"] <= ref["wire"] * (1 + 1e-9)]
+        best = max(fits, key=lambda r: r["mass"]) if fits else None
+        best_text = f"{best['label']}: {best['mass']:.3f} at {best['wire'] / 1e3:.1f} kB" if best else "–"
+        print(f"| {task} | {ratio} | {P} | {ref['mass']:.3f} | {glob['mass']:.3f} | {ship['mass']:.3f} "
+              f"| {ship['mass'] / ref['mass']:.2f} | {ship['wire'] / ref['wire']:.2f} | {best_text} |")
+
+
+def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = None) -> None:
+    """Prints, per (task, ratio, P), the baselines and the gs configs on the Pareto front, and the
+    summary; plots mass against wire bytes, and the loss curves of every record. A record read
+    again (same task, ratio, P, method and settings) replaces the earlier one."""
+    unique: dict[tuple, dict] = {}
+    for line in (line for p in paths for line in open(p) if line.strip()):
+        r = json.loads(line)
+        unique[(r["task"], r["ratio"], r["P"], r["method"], r.get("label"), r.get("scope"))] = r
+    records = list(unique.values())
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["task"], r["ratio"], r["P"]), []).append(r)
@@ -564,10 +590,31 @@ def report(paths: list[str], plot: Optional[str]) -> None:
                                                             key=lambda r: r["wire"])
         for r in show:
             tag = " **(shipped)**" if r in chosen else " (old default)" if r in old else ""
-            rel = f"{r['mass'] / ref['mass']:.2f} | {r['wire'] / ref['wire']:.2f}" if ref else "– | –"
+            has = r["method"] not in ("dense", "exact top-k")
+            rel = f"{r['mass'] / ref['mass']:.2f} | {r['wire'] / ref['wire']:.2f}" if ref and has else "– | –"
+            mass = f"{r['mass']:.3f}" if r["method"] != "dense" else "–"
+            wire = f"{r['wire'] / 1e3:.1f}" if r["method"] != "exact top-k" else "–"
             loss = r["loss"][-1]
-            print(f"| {r['method']}{tag} | {r.get('label', '')} | {r['mass']:.3f} | {r['wire'] / 1e3:.1f} | {rel} "
+            print(f"| {r['method']}{tag} | {r.get('label', '')} | {mass} | {wire} | {rel} "
                   f"| {'–' if loss != loss else f'{loss:.3f}'} |")
+    summary(groups, shipped)
+    if loss_plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in records:
+            smooth = np.convolve(r["loss"], np.ones(5) / 5, mode="valid")
+            ax.plot(np.arange(len(smooth)) + 5, smooth, label=f"{r['method']} {r.get('label', '')}")
+        first = records[0]
+        ax.set(xlabel="step", ylabel="training loss (mean of the workers' micro-batches, 5-step mean)",
+               title=f"{first['task']}, P = {first['P']}, ratio {first['ratio']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(loss_plot, dpi=110)
     if plot:
         import matplotlib
 
@@ -589,25 +636,24 @@ def report(paths: list[str], plot: Optional[str]) -> None:
                         front.append(r)
                         best = r["mass"]
                 ax.scatter([r["wire"] for r in gs], [r["mass"] for r in gs], s=4, color=c, alpha=0.25)
-                ax.plot([r["wire"] for r in front], [r["mass"] for r in front], color=c, label=f"gs global front P={P}")
+                ax.plot([r["wire"] for r in front], [r["mass"] for r in front], color=c)
                 for r in rs:
                     if r["method"] in markers:
-                        ax.scatter(r["wire"], r["mass"], marker=markers[r["method"]], color=c, edgecolor="k", s=40,
-                                   label=f"{r['method']} P={P}")
+                        ax.scatter(r["wire"], r["mass"], marker=markers[r["method"]], color=c, edgecolor="k", s=40)
                     elif all(r.get(key) == v for key, v in shipped.items()):
-                        ax.scatter(r["wire"], r["mass"], marker="*", color=c, edgecolor="k", s=160,
-                                   label=f"shipped P={P}")
+                        ax.scatter(r["wire"], r["mass"], marker="*", color=c, edgecolor="k", s=160)
             ax.set(xscale="log", xlabel="bytes per rank per step (wire)", ylabel="delivered mass",
                    title=f"{task}, ratio {ratio}", ylim=(0, 1.02))
             ax.grid(True, which="both", alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        for ax in axes[0][1:]:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=6)
-        fig.tight_layout(rect=(0, 0.16, 1, 1))
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=c, label=f"P = {P}: gs global (line: front)")
+                   for P, c in colours.items()]
+        handles += [Line2D([], [], ls="", marker=m, color="w", markeredgecolor="k", label=name)
+                    for name, m in {**markers, "gs shipped": "*"}.items()]
+        labels = [h.get_label() for h in handles]
+        fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
         fig.savefig(plot, dpi=110)
 
 
@@ -626,10 +672,11 @@ def main() -> None:
     p.add_argument("--out", help="append one JSON record per method to this file")
     p.add_argument("--report", nargs="+", help="JSONL files to tabulate")
     p.add_argument("--plot", help="with --report: PNG of mass against bytes")
+    p.add_argument("--loss-plot", help="with --report: PNG of the loss curves of every record read")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.report:
-        report(args.report, args.plot)
+        report(args.report, args.plot, args.loss_plot)
         return
     if args.quick:
         t0 = time.perf_counter()
