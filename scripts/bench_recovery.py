@@ -504,8 +504,7 @@ def gs_grid(level: str, ranks: int) -> Iterator[GsConfig]:
 def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], baselines: str = "all",
         training: bool = True) -> list[dict]:
     """The baselines ("all", "core": dense and both gTop-k, "exact": the exact top-k, or "none"),
-    then the gs grid, on one task;
-    one record per method appended to ``out``."""
+    then the gs grid, on one task; one record per method appended to ``out``."""
     P, sizes = task.ranks, task.sizes
     makers: list[Callable[[], Method]] = []
     if baselines == "exact":
@@ -610,9 +609,11 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for r in records:
             smooth = np.convolve(r["loss"], np.ones(5) / 5, mode="valid")
-            ax.plot(np.arange(len(smooth)) + 5, smooth, label=f"{r['method']} {r.get('label', '')}")
+            tag = ", shipped" if all(r.get(key) == v for key, v in shipped.items()) else ""
+            tag += ", old defaults" if r.get("scope") == "layer" and r.get("label") == "r5 w4 m1 L0 f32" else ""
+            ax.plot(np.arange(len(smooth)) + 5, smooth, label=f"{r['method']}{tag} {r.get('label', '')}")
         first = records[0]
-        ax.set(xlabel="step", ylabel="training loss (mean of the workers' micro-batches, 5-step mean)",
+        ax.set(xlabel="step", ylabel="training loss (5-step running mean)",
                title=f"{first['task']}, P = {first['P']}, ratio {first['ratio']}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
