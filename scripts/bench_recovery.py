@@ -503,20 +503,19 @@ def gs_grid(level: str, ranks: int) -> Iterator[GsConfig]:
 
 def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], baselines: str = "all",
         training: bool = True) -> list[dict]:
-    """The baselines ("all", "core": dense and both gTop-k, "exact": the exact top-k, or "none"),
-    then the gs grid, on one task; one record per method appended to ``out``."""
+    """The baselines ("all", "core": dense and both gTop-k, "none", or a comma-separated list of
+    dense, exact, gtopk, gtopk-global, allgather, sketched), then the gs grid, on one task; one
+    record per method appended to ``out``."""
     P, sizes = task.ranks, task.sizes
     makers: list[Callable[[], Method]] = []
-    if baselines == "exact":
-        makers.append(lambda: ExactTopK(sizes, ratio, P))
-    if baselines in ("all", "core") and training:
-        makers.append(lambda: Dense(sizes, ratio, P))
-    if baselines in ("all", "core"):
-        makers += [lambda: GTopK(sizes, ratio, P, "layer"), lambda: GTopK(sizes, ratio, P, "global")]
-    if baselines == "all":
-        if training:
-            makers.append(lambda: ExactTopK(sizes, ratio, P))
-        makers += [lambda: TopKAllgather(sizes, ratio, P), lambda: SketchedSGD(sizes, ratio, P)]
+    every: dict[str, Callable[[], Method]] = {
+        "dense": lambda: Dense(sizes, ratio, P), "exact": lambda: ExactTopK(sizes, ratio, P),
+        "gtopk": lambda: GTopK(sizes, ratio, P, "layer"), "gtopk-global": lambda: GTopK(sizes, ratio, P, "global"),
+        "allgather": lambda: TopKAllgather(sizes, ratio, P), "sketched": lambda: SketchedSGD(sizes, ratio, P)}
+    names = {"all": list(every), "core": ["dense", "gtopk", "gtopk-global"], "none": []}.get(baselines)
+    for name in names if names is not None else baselines.split(","):
+        if training or name not in ("dense", "exact"):
+            makers.append(every[name])
     seen: set[GsConfig] = set()
     for cfg in gs_grid(level, P):
         if cfg not in seen:
@@ -672,7 +671,7 @@ def main() -> None:
     p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "none"], default="full")
     p.add_argument("--threads", type=int, default=2, help="torch threads (2 at most here)")
     p.add_argument("--planted-d", type=int, default=2 ** 16, help="(c): D")
-    p.add_argument("--baselines", choices=["all", "core", "exact", "none"], default="all")
+    p.add_argument("--baselines", default="all", help="all, core, none or a list (see run())")
     p.add_argument("--out", help="append one JSON record per method to this file")
     p.add_argument("--report", nargs="+", help="JSONL files to tabulate")
     p.add_argument("--plot", help="with --report: PNG of mass against bytes")
