@@ -625,7 +625,12 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
         import matplotlib.pyplot as plt
 
         keys = sorted({(t, q) for t, q, _ in groups})
-        fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.6), squeeze=False)
+        ncols = min(3, len(keys))
+        nrows = math.ceil(len(keys) / ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows + 0.8), squeeze=False)
+        axes = [list(grid.reshape(-1))]
+        for ax in axes[0][len(keys):]:
+            ax.axis("off")
         colours = {4: "tab:blue", 16: "tab:orange", 64: "tab:green", 256: "tab:red"}
         markers = {"gTop-k": "s", "gTop-k (global)": "D", "top-k allgather": "^", "Sketched-SGD": "v"}
         for ax, (task, ratio) in zip(axes[0], keys):
@@ -656,7 +661,7 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
                     for name, m in {**markers, "gs shipped": "*"}.items()]
         labels = [h.get_label() for h in handles]
         fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=5)
-        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.tight_layout(rect=(0, 0.8 / (4.2 * nrows + 0.8), 1, 1))
         fig.savefig(plot, dpi=110)
 
 
