@@ -5,6 +5,8 @@ simulated in one process over a stretch of real training steps.
     python scripts/bench_recovery.py --run a --out docs/recovery.jsonl   # one part of the full study
     python scripts/bench_recovery.py --report docs/recovery.jsonl --plot docs/recovery.png
 
+The study, its commands and the choice of SHIPPED are in docs/design.md ("Recovery").
+
 Tasks: (a) the digits MLP of scripts/train_torch.py (``make_model(256)``, 50k compressed
 weights), (b) the same MLP at hidden 1536 (1.28M compressed weights), both on scikit-learn's
 digits, each worker's gradient from its own micro-batch of ``--batch`` images; (c) planted
@@ -452,11 +454,13 @@ def simulate(task: Task, make: Callable[[], Method], steps: int, ratio: float) -
             "wire": method.wire(), "payload": method.payload(), "seconds": time.perf_counter() - t0}
 
 
-def gs_grid(level: str, ranks: int) -> Iterator[GsConfig]:
+def gs_grid(level: str) -> Iterator[GsConfig]:
     """gs configurations: 'full' is rows {1,3,5} × width {1,2,4,8} × candidates {0,1,2,4} ×
     prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset); 'pruned' drops f32 except
     at the shipped point, and prefilter 0 beyond 2 configs; 'small' keeps prefilter 1 and f16 but
-    for 3 configs; 'quick' is a neighbourhood of SHIPPED."""
+    for 3 configs; 'quick' is a neighbourhood of SHIPPED; 'shipped' is SHIPPED and the old
+    defaults (layer scope, rows 5, width 4, 1 candidate round, whole residuals, f32); 'none' is
+    no gs at all."""
     if level == "none":
         return
     if level == "shipped":
@@ -517,7 +521,7 @@ def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], ba
         if training or name not in ("dense", "exact"):
             makers.append(every[name])
     seen: set[GsConfig] = set()
-    for cfg in gs_grid(level, P):
+    for cfg in gs_grid(level):
         if cfg not in seen:
             seen.add(cfg)
             makers.append(lambda cfg=cfg: GsSketch(sizes, ratio, P, cfg))
