@@ -5,7 +5,7 @@ simulated in one process over a stretch of real training steps.
     python scripts/bench_recovery.py --run a --out docs/recovery.jsonl   # one part of the full study
     python scripts/bench_recovery.py --report docs/recovery.jsonl --plot docs/recovery.png
 
-The study, its commands and the choice of SHIPPED are in docs/design.md ("Recovery").
+The study, its commands and the choice of the shipped sizes are in docs/design.md ("Recovery").
 
 Tasks: (a) the digits MLP of scripts/train_torch.py (``make_model(256)``, 50k compressed
 weights), (b) the same MLP at hidden 1536 (1.28M compressed weights), both on scikit-learn's
@@ -31,7 +31,7 @@ sketch is the sum of the workers' rows × ceil(width·k) tables, the ``candidate
 residual. ``candidates=0`` means no exact round: Δ = the estimates at the top k, and each worker's
 residual is zeroed at the selected coordinates it fed. The Count-Sketch is computed here in
 vectorised torch, with the buckets and signs of gs_horovod.kernels.hashing's NumPy reference
-(``reference_buckets_signs(row_keys(seed, rows), cols, 0, d)``) computed once per (rows, cols, d)
+(``reference_buckets_signs(hash_keys(seed), cols, 0, d, rows)``) computed once per (rows, cols, d)
 and cached; nothing else of the engine is used. A float16 sketch is summed as a ring would:
 each worker's table rounded to f16, added in worker order with the partial sum rounded to f16
 after each addition (f32 arithmetic per addition, as Horovod's CPU float16 sum).
@@ -51,7 +51,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-SHIPPED = dict(rows=3, width=2.0, candidates=1, prefilter=1, sketch_dtype="float16")
+SHIPPED_FIELDS = ("rows", "width", "candidates", "prefilter", "sketch_dtype")
+
+
+def shipped_settings() -> dict:
+    """GsSketch's default sizes, read from the engine's options (``gs_horovod.gs_sgd.SimSettings``)."""
+    from gs_horovod.gs_sgd import GsConfig
+
+    defaults = GsConfig()
+    return {f: getattr(defaults, f) for f in SHIPPED_FIELDS}
+
+
 MIN_SIZE = 1024
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
@@ -73,9 +83,9 @@ def hashes(rows: int, cols: int, d: int) -> tuple[Tensor, Tensor]:
     """(flat table index (rows, d) int64 = row·cols + bucket, signs (rows, d) f32), cached."""
     key = (rows, cols, d)
     if key not in _HASHES:
-        from gs_horovod.kernels.hashing import reference_buckets_signs, row_keys
+        from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 
-        buckets, signs = reference_buckets_signs(row_keys(SEED, rows), cols, 0, d)
+        buckets, signs = reference_buckets_signs(hash_keys(SEED), cols, 0, d, rows)
         flat = torch.from_numpy(buckets) + torch.arange(rows)[:, None] * cols
         _HASHES[key] = (flat, torch.from_numpy(signs))
     return _HASHES[key]
@@ -219,7 +229,7 @@ class GTopK(Method):
 
 
 @dataclass(frozen=True)
-class GsConfig:
+class SimSettings:
     """The gs options simulated here; ``candidates`` 0 = no exact round."""
 
     rows: int = 5
@@ -236,9 +246,10 @@ class GsConfig:
 
 
 class GsSketch(Method):
-    """gs-SGD with the options of ``GsConfig`` (see the module docstring)."""
+    """gs-SGD with the options of ``SimSettings`` (see the module docstring)."""
 
-    def __init__(self, sizes: list[int], ratio: float, ranks: int, cfg: GsConfig, name: Optional[str] = None) -> None:
+    def __init__(self, sizes: list[int], ratio: float, ranks: int, cfg: SimSettings,
+                 name: Optional[str] = None) -> None:
         super().__init__(sizes, ratio, ranks)
         self.cfg = cfg
         self.segs = layout(sizes, ratio, cfg.scope)
@@ -323,7 +334,7 @@ class SketchedSGD(GsSketch):
     candidates summed exactly; the star sends every sketch to rank 0."""
 
     def __init__(self, sizes: list[int], ratio: float, ranks: int) -> None:
-        super().__init__(sizes, ratio, ranks, GsConfig(5, 4.0, 4, 0, "float32", "layer"), "Sketched-SGD")
+        super().__init__(sizes, ratio, ranks, SimSettings(5, 4.0, 4, 0, "float32", "layer"), "Sketched-SGD")
 
     def wire(self) -> float:
         cands = self.exact_bytes() / 4
@@ -454,39 +465,39 @@ def simulate(task: Task, make: Callable[[], Method], steps: int, ratio: float) -
             "wire": method.wire(), "payload": method.payload(), "seconds": time.perf_counter() - t0}
 
 
-def gs_grid(level: str) -> Iterator[GsConfig]:
+def gs_grid(level: str) -> Iterator[SimSettings]:
     """gs configurations: 'full' is rows {1,3,5} × width {1,2,4,8} × candidates {0,1,2,4} ×
     prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset); 'pruned' drops f32 except
     at the shipped point, and prefilter 0 beyond 2 configs; 'small' keeps prefilter 1 and f16 but
-    for 3 configs; 'quick' is a neighbourhood of SHIPPED; 'shipped' is SHIPPED and the old
+    for 3 configs; 'quick' is a neighbourhood of the shipped sizes; 'shipped' is them and the old
     defaults (layer scope, rows 5, width 4, 1 candidate round, whole residuals, f32); 'none' is
     no gs at all."""
     if level == "none":
         return
     if level == "shipped":
-        yield GsConfig(**SHIPPED)
-        yield GsConfig(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
+        yield SimSettings(**shipped_settings())
+        yield SimSettings(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
         return
     if level == "quick":
-        base = GsConfig(**SHIPPED)
+        base = SimSettings(**shipped_settings())
         seen = set()
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0}, {"width": 4.0},
                        {"candidates": 2}, {"candidates": 0}, {"prefilter": 2}, {"prefilter": 0},
                        {"sketch_dtype": "float32"}, {"rows": 5, "width": 4.0, "candidates": 2}, {"scope": "layer"}):
-            cfg = GsConfig(**{**asdict(base), **change})
+            cfg = SimSettings(**{**asdict(base), **change})
             if cfg not in seen:
                 seen.add(cfg)
                 yield cfg
-        yield GsConfig(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
+        yield SimSettings(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
         return
     if level == "small":
         for rows in (1, 3, 5):
             for width in (1.0, 2.0, 4.0, 8.0):
                 for m in (0, 1, 2, 4):
-                    yield GsConfig(rows, width, m, 1, "float16", "global")
+                    yield SimSettings(rows, width, m, 1, "float16", "global")
         for rows, width in ((1, 4.0), (3, 2.0), (5, 4.0)):
             for pre in (0, 2):
-                yield GsConfig(rows, width, 2, pre, "float16", "global")
+                yield SimSettings(rows, width, 2, pre, "float16", "global")
     dtypes = ("float32", "float16") if level == "full" else ("float16",)
     for rows in (1, 3, 5) if level != "small" else ():
         for width in (1.0, 2.0, 4.0, 8.0):
@@ -495,14 +506,14 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
                     for dt in dtypes:
                         if level != "full" and pre == 0 and (rows, width) not in ((5, 4.0), (3, 2.0)):
                             continue
-                        yield GsConfig(rows, width, m, pre, dt, "global")
+                        yield SimSettings(rows, width, m, pre, dt, "global")
     for rows, width in ((3, 2.0), (5, 4.0), (1, 4.0)):
         for m in (1, 2):
             for pre in (0, 1):
-                yield GsConfig(rows, width, m, pre, "float16", "layer")
-    shipped = GsConfig(**SHIPPED)
-    yield GsConfig(**{**asdict(shipped), "sketch_dtype": "float32"})
-    yield GsConfig(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
+                yield SimSettings(rows, width, m, pre, "float16", "layer")
+    shipped = SimSettings(**shipped_settings())
+    yield SimSettings(**{**asdict(shipped), "sketch_dtype": "float32"})
+    yield SimSettings(5, 4.0, 1, 0, "float32", "layer")  # the old defaults
 
 
 def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], baselines: str = "all",
@@ -520,7 +531,7 @@ def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], ba
     for name in names if names is not None else baselines.split(","):
         if training or name not in ("dense", "exact"):
             makers.append(every[name])
-    seen: set[GsConfig] = set()
+    seen: set[SimSettings] = set()
     for cfg in gs_grid(level):
         if cfg not in seen:
             seen.add(cfg)
@@ -580,7 +591,7 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["task"], r["ratio"], r["P"]), []).append(r)
-    shipped = {**SHIPPED, "scope": "global"}
+    shipped = {**shipped_settings(), "scope": "global"}
     for (task, ratio, P), rs in sorted(groups.items()):
         ref = next((r for r in rs if r["method"] == "gTop-k"), None)
         print(f"\n### {task}, ratio {ratio}, P = {P}\n")
@@ -671,7 +682,7 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="P = 16, digits MLP, ratio 0.01, SHIPPED's neighbourhood")
+    p.add_argument("--quick", action="store_true", help="P = 16, digits MLP, ratio 0.01, around the shipped sizes")
     p.add_argument("--run", choices=["a", "b", "c"], help="task: (a) digits MLP, (b) 1.28M MLP, (c) planted")
     p.add_argument("--ranks", default="4,16,64,256", help="comma-separated P")
     p.add_argument("--ratios", default="0.01,0.001")
@@ -693,7 +704,7 @@ def main() -> None:
     if args.quick:
         t0 = time.perf_counter()
         records = run(DigitsTask("digits MLP", 256, 16, args.batch), 0.01, 20, "quick", args.out)
-        mass, wire = compare(records, 16, SHIPPED)
+        mass, wire = compare(records, 16, shipped_settings())
         print(f"({time.perf_counter() - t0:.0f} s)")
         print(f"gs_vs_gtopk P=16 delivered_mass_ratio {mass:.3f} bytes_ratio {wire:.3f}")
         return
