@@ -42,3 +42,14 @@ def config_from(options: dict[str, Any], extra: tuple[str, ...] = ()) -> GsConfi
     if unknown:
         raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed | set(extra))}")
     return GsConfig(**options)
+
+
+MERGES = ("horovod", "mpi")
+
+
+def check_merge(merge: str, comm: Any) -> None:
+    """The ``merge`` and ``comm`` options of both compressors."""
+    if merge not in MERGES:
+        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
+    if comm is not None and merge != "mpi":
+        raise ValueError("comm is used by merge='mpi' only")

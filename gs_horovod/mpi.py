@@ -34,6 +34,29 @@ from mpi4py import MPI
 from .gs_sgd import MergeStats
 
 
+def horovod_world(hvd: Any, comm: Any = None) -> MPI.Comm:
+    """``comm`` (or MPI's world), checked to be Horovod's ranks (``hvd``: horovod.torch or
+    horovod.tensorflow) under its MPI controller with MPI_THREAD_MULTIPLE, which our collectives
+    need beside Horovod's background thread."""
+    try:
+        threads = hvd.mpi_enabled() and hvd.mpi_threads_supported()
+    except ValueError:  # raised under the Gloo controller
+        threads = False
+    if not threads:
+        raise RuntimeError(
+            "GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
+            "(launch with horovodrun --mpi or mpirun, and leave HOROVOD_MPI_THREADS_DISABLE unset); "
+            "use merge='horovod' under Gloo"
+        )
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if comm.Get_size() != hvd.size() or comm.Get_rank() != hvd.rank():
+        raise RuntimeError(
+            f"GsSketch(merge='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
+            f"is not Horovod's (rank {hvd.rank()} of {hvd.size()})"
+        )
+    return comm
+
+
 class Communicators:
     """The communicators one ``tree_allreduce`` needs, split once from ``comm`` (collective).
 

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
-from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
+from .compressor import DefaultInstance, DefaultInstanceMethod, check_merge, config_from
 from .gs_sgd import GsConfig, GsSgd, Layout, MergeStats
 from .kernels import tf_ops
 
@@ -217,14 +217,9 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
     (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
 
-    MERGES = ("horovod", "mpi")
-
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
-        if merge not in self.MERGES:
-            raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
-        if comm is not None and merge != "mpi":
-            raise ValueError("comm is used by merge='mpi' only")
+        check_merge(merge, comm)
         self.config: GsConfig = config_from(options, extra=("merge", "comm"))
         self.merge = merge
         self.ops = TfOps()
@@ -314,9 +309,9 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         if self.merge == "horovod":
             return HorovodCollectives(op, process_set)
         if self._comms is None:
-            from .mpi import Communicators  # imports mpi4py, which initialises MPI
+            from .mpi import Communicators, horovod_world  # imports mpi4py, which initialises MPI
 
-            self._comms = Communicators(_mpi_comm(self._comm).Dup())
+            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())
         return MpiCollectives(op, process_set, self._comms, self.merge_stats)
 
     def _state(self, name: str, d: int) -> _VariableState:
@@ -325,20 +320,6 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
             with tf.init_scope():
                 st = self.states[name] = _VariableState(d, bool(self.config.momentum), name)
         return st
-
-
-def _mpi_comm(comm: Any) -> Any:
-    """``comm`` (or MPI's world), checked to span Horovod's ranks with thread support."""
-    try:
-        threads = hvd.mpi_enabled() and hvd.mpi_threads_supported()
-    except ValueError:  # raised under the Gloo controller
-        threads = False
-    if not threads:
-        raise RuntimeError("GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
-                           "(launch with horovodrun --mpi or mpirun); use merge='horovod' under Gloo")
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD if comm is None else comm
 
 
 def _path(var: Any) -> str:

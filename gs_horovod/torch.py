@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .compressor import DefaultInstance, DefaultInstanceMethod, config_from
+from .compressor import DefaultInstance, DefaultInstanceMethod, check_merge, config_from
 from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import torch_ops
 
@@ -270,13 +270,8 @@ class GsSketch(DefaultInstance, Compressor):
     MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``); ``merge_stats`` counts its traffic.
     """
 
-    MERGES = ("horovod", "mpi")
-
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
-        if merge not in self.MERGES:
-            raise ValueError(f"merge must be one of {self.MERGES}, got {merge!r}")
-        if comm is not None and merge != "mpi":
-            raise ValueError("comm is used by merge='mpi' only")
+        check_merge(merge, comm)
         self.config: GsConfig = config_from(options, extra=("merge", "comm"))
         self.merge = merge
         self.ops = TorchOps(self.config.backend)
@@ -364,9 +359,9 @@ class GsSketch(DefaultInstance, Compressor):
         if self.merge == "horovod":
             return HorovodCollectives(optimizer.op, optimizer.process_set)
         if self._comms is None:
-            from .mpi import Communicators  # imports mpi4py, which initialises MPI
+            from .mpi import Communicators, horovod_world  # imports mpi4py, which initialises MPI
 
-            self._comms = Communicators(_mpi_comm(self._comm).Dup())
+            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())
         return MpiCollectives(optimizer.op, optimizer.process_set, self._comms, self.merge_stats)
 
     def _binding(self) -> _Binding:
@@ -383,29 +378,6 @@ class GsSketch(DefaultInstance, Compressor):
             binding = self._bindings[optimizer] = _Binding(engine, params)
             self._restore(binding)
         return binding
-
-
-def _mpi_comm(comm: Any) -> Any:
-    """``comm`` (or MPI's world), checked to span Horovod's ranks with thread support."""
-    try:
-        threads = hvd.mpi_enabled() and hvd.mpi_threads_supported()
-    except ValueError:  # raised under the Gloo controller
-        threads = False
-    if not threads:
-        raise RuntimeError(
-            "GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
-            "(launch with horovodrun --mpi or mpirun, and leave HOROVOD_MPI_THREADS_DISABLE unset); "
-            "use merge='horovod' under Gloo"
-        )
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if comm.Get_size() != hvd.size() or comm.Get_rank() != hvd.rank():
-        raise RuntimeError(
-            f"GsSketch(merge='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
-            f"is not Horovod's (rank {hvd.rank()} of {hvd.size()})"
-        )
-    return comm
 
 
 def _calling_optimizer(compressor: GsSketch) -> Any:
