@@ -13,7 +13,7 @@ HOROVOD_VERSION=0.28.1
 PY_PACKAGES=(
   "torch==2.13.0" "tensorflow-cpu==2.21.0" "tf-keras~=2.21.0" "numba>=0.60" "mpi4py>=4"
   "scikit-learn" "tqdm" "pytest" "pytest-timeout" "ruff" "matplotlib" "psutil"
-  "packaging" "cloudpickle" "pyyaml" "cffi"
+  "packaging" "cloudpickle" "pyyaml" "cffi" "mlxtend"
 )
 # The stamp changes whenever this script changes, so edits re-run the install.
 STAMP_WANT="$(cat "${BASH_SOURCE[0]}" "$ROOT/setup.py" | sha256sum | cut -c1-16)"
