@@ -114,3 +114,34 @@ def test_lstm_lm_size_and_uniform_perplexity():
         small.decoder.bias.zero_()
     data = np.random.default_rng(0).integers(0, 256, 2000).astype(np.uint8)
     assert workloads.perplexity(small, data, seq=32, max_windows=4) == pytest.approx(256.0, rel=1e-5)
+
+
+def test_demo_passes_only_the_gsketch_options_the_user_gave():
+    import argparse
+
+    from demo_common import add_compression_flags, gs_options
+
+    p = argparse.ArgumentParser()
+    add_compression_flags(p, ["gs", "none"])
+    assert gs_options(p.parse_args([])) == {}
+    args = p.parse_args(["--ratio", "0.001", "--no-exact", "--gs", "scope=layer", "--gs", "candidates=2",
+                         "--gs", "sketch_dtype=float16"])
+    assert gs_options(args) == {"ratio": 0.001, "exact": False, "scope": "layer", "candidates": 2,
+                                "sketch_dtype": "float16"}
+
+
+def test_console_drops_tensorflow_start_up_notices_only():
+    from console import clean
+
+    banner = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    cuda = b"I0000 00:00:1796303339.636060   21127 cudart_stub.cc:31] Could not find cuda drivers on your machine.\n"
+    onednn = b"I0000 00:00:1796303339.631607   21127 port.cc:153] oneDNN custom operations are on.\n"
+    for line in (banner, cuda, onednn, b"[1]<stderr>:" + cuda):
+        assert clean(line) == b""
+    error = b"E0000 00:00:1796303339.6 21127 cuda_dnn.cc:8579] Unable to register cuDNN factory\n"
+    warning = b"W0000 00:00:1796303339.6 21127 port.cc:153] something odd\n"
+    assert clean(error) == error and clean(warning) == warning
+    assert clean(b"[0]<stdout>:epoch 1\n") == b"epoch 1\n"
+    assert clean(b"[0]<stderr>:training: 50%\r") == b"training: 50%\r"
+    other_rank = b"[1]<stderr>:Traceback (most recent call last):\n"
+    assert clean(other_rank) == other_rank
