@@ -136,11 +136,12 @@ class Report:
             values = [h[self.metric] for h in self.history]
             best = min(values) if self.metric == "perplexity" else max(values)
             wall = time.time() - psutil.Process().create_time()
+            against = (f"{self.dense_bytes / max(sent, 1):.1f}x fewer than dense, {self.dense_bytes:,}"
+                       if sent < self.dense_bytes else "dense")
             steps = self.count * self.steps
             print(f"\nsummary ({self.size} ranks, --compression {self.args.compression})\n"
                   f"  held-out {self.metric:<11}{last:.4f} after {steps} steps (best {best:.4f})\n"
-                  f"  bytes/step/rank     {sent:,.0f} ({self.dense_bytes / max(sent, 1):.1f}x fewer than "
-                  f"dense, {self.dense_bytes:,})\n"
+                  f"  bytes/step/rank     {sent:,.0f} ({against})\n"
                   f"  wall time           {wall:.0f} s per rank, {seconds:.0f} s of it training "
                   f"({steps / seconds:.2f} steps/s)", flush=True)
             if self.args.json:

@@ -10,5 +10,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 export PATH="${GS_VENV:-$ROOT/.venv}/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 cd "$ROOT"
-echo "gs_horovod demo: 2 ranks (horovodrun --gloo), MNIST-5k CNN, --compression gs unless given: $*"
+echo "gs_horovod demo: 2 ranks (horovodrun --gloo), MNIST-5k CNN${*:+, arguments: $*}"
 horovodrun -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 300 python scripts/train_torch.py "$@" 2>&1 | python scripts/console.py
