@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Bandwidth-shaped throughput of the LSTM language model on the standard library's sources.
 # Each rank runs in its own network namespace on a veth link to a bridge and is pinned to one
-# core (rank i on core i mod nproc; more ranks than cores share them). For the label "local"
-# (always first: the links unshaped) and then each RATE (every link shaped in both directions
-# by tc tbf): an MPI ping-pong between ranks 0 and 1 (scripts/pingpong.py: latency α and
+# core (rank i on core i mod nproc, one OpenMP and one Numba thread; more ranks than cores
+# share them). For the label "local" (always first: the links unshaped) and then each RATE
+# (every link shaped in both directions by tc tbf): an MPI ping-pong between ranks 0 and 1 (scripts/pingpong.py: latency α and
 # bandwidth β for scripts/cost_model.py), then every method of scripts/bench_throughput.py on
 # each rank count under mpirun (TCP only, so no shared-memory shortcut). The unshaped runs
 # give the cost model its compute time per (method, ranks). Rank 0 appends JSON lines to OUT.
@@ -22,7 +22,10 @@ PY="${GS_VENV:-$ROOT/.venv}/bin/python"
 AGENT="$(mktemp /tmp/gs_netns_agent.XXXXXX)"
 
 cleanup() {
-  for i in $(seq 0 $((N - 1))); do ip netns del "gsns$i" 2>/dev/null || true; done
+  for i in $(seq 0 $((N - 1))); do
+    ip netns del "gsns$i" 2>/dev/null || true
+    ip link del "gsv$i" 2>/dev/null || true  # left behind if a rank still held its namespace
+  done
   ip link del "$BR" 2>/dev/null || true
   rm -f "$AGENT"
 }
@@ -56,7 +59,7 @@ run() {  # run NP PROGRAM ARGS...: mpirun over the first NP namespaces
   timeout 900 mpirun --allow-run-as-root -np "$np" -H "$hosts" --bind-to none \
     --mca plm_rsh_agent "$AGENT" --mca btl tcp,self --mca mpi_yield_when_idle 1 \
     --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
-    -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3 -x PYTHONPATH="${PYTHONPATH:-}" "$PY" "$@" >/dev/null
+    -x OMP_NUM_THREADS=1 -x NUMBA_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3 -x PYTHONPATH="${PYTHONPATH:-}" "$PY" "$@" >/dev/null
 }
 
 for rate in local $RATES; do
