@@ -1,40 +1,49 @@
 #!/usr/bin/env bash
-# Bandwidth-shaped throughput: 4 ranks, each in its own network namespace on a veth link to a
-# bridge, links shaped by tc (tbf) to each RATE; every method of scripts/bench_throughput.py
-# runs under mpirun (TCP only, so no shared-memory shortcut), rank 0 appending JSON lines to
-# OUT. The 4 ranks share this machine's cores, so idle MPI ranks yield (mpi_yield_when_idle).
+# Bandwidth-shaped throughput of the LSTM language model on the standard library's sources.
+# Each rank runs in its own network namespace on a veth link to a bridge and is pinned to one
+# core (rank i on core i mod nproc, one OpenMP and one Numba thread; more ranks than cores
+# share them). For the label "local" (always first: the links unshaped) and then each RATE
+# (every link shaped in both directions by tc tbf): an MPI ping-pong between ranks 0 and 1 (scripts/pingpong.py: latency α and
+# bandwidth β for scripts/cost_model.py), then every method of scripts/bench_throughput.py on
+# each rank count under mpirun (TCP only, so no shared-memory shortcut). The unshaped runs
+# give the cost model its compute time per (method, ranks). Rank 0 appends JSON lines to OUT.
 # Root only; addresses 10.77.0.0/24 exist only inside these namespaces and the bridge.
 # Everything it creates is removed on exit, failure included.
-#   bash scripts/bench_throughput.sh OUT.jsonl "1gbit 10gbit" "none fp16 gs topk gtopk sketched powersgd" [args...]
+#   bash scripts/bench_throughput.sh OUT.jsonl "1gbit 10gbit" "none fp16 gs topk gtopk sketched powersgd" "2 4" [args...]
+# Extra args go to bench_throughput.py (e.g. --ratio 0.001 --steps 3).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:?output file}"; RATES="${2:-1gbit 10gbit}"; METHODS="${3:-none fp16 gs topk gtopk sketched powersgd}"
-shift 3 || true
-N=4; NET=10.77.0; BR=gsbr0
+RANKS="${4:-2 4}"
+shift 4 || shift $#
+N=$(tr ' ' '\n' <<<"$RANKS" | sort -n | tail -1); NET=10.77.0; BR=gsbr0; CORES=$(nproc)
 export PMIX_MCA_gds=hash  # PMIx's shared-memory data store logs a harmless error here
 PY="${GS_VENV:-$ROOT/.venv}/bin/python"
 AGENT="$(mktemp /tmp/gs_netns_agent.XXXXXX)"
 
 cleanup() {
-  for i in $(seq 0 $((N - 1))); do ip netns del "gsns$i" 2>/dev/null || true; done
+  for i in $(seq 0 $((N - 1))); do
+    ip netns del "gsns$i" 2>/dev/null || true
+    ip link del "gsv$i" 2>/dev/null || true  # left behind if a rank still held its namespace
+  done
   ip link del "$BR" 2>/dev/null || true
   rm -f "$AGENT"
 }
 trap cleanup EXIT
 cleanup
 
-# mpirun's remote-shell agent: "AGENT HOST COMMAND..." runs COMMAND in HOST's namespace
+# mpirun's remote-shell agent: "AGENT HOST COMMAND..." runs COMMAND in HOST's namespace, on one core
 cat > "$AGENT" <<AGENT_EOF
 #!/bin/sh
 host="\$1"; shift
-exec ip netns exec "gsns\$((\${host##*.} - 1))" /bin/sh -c "\$*"
+i=\$((\${host##*.} - 1))
+exec ip netns exec "gsns\$i" taskset -c \$((i % $CORES)) /bin/sh -c "\$*"
 AGENT_EOF
 chmod +x "$AGENT"
 
 ip link add "$BR" type bridge
 ip addr add "$NET.254/24" dev "$BR"
 ip link set "$BR" up
-hosts=""
 for i in $(seq 0 $((N - 1))); do
   ip netns add "gsns$i"
   ip link add "gsv$i" type veth peer name eth0 netns "gsns$i"
@@ -42,21 +51,34 @@ for i in $(seq 0 $((N - 1))); do
   ip netns exec "gsns$i" ip addr add "$NET.$((i + 1))/24" dev eth0
   ip netns exec "gsns$i" ip link set eth0 up
   ip netns exec "gsns$i" ip link set lo up
-  hosts="$hosts,$NET.$((i + 1)):1"
 done
 
-for rate in $RATES; do
-  for i in $(seq 0 $((N - 1))); do  # shape both directions of every link
-    tc qdisc replace dev "gsv$i" root tbf rate "$rate" burst 1mbit latency 100ms
-    ip netns exec "gsns$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst 1mbit latency 100ms
+run() {  # run NP PROGRAM ARGS...: mpirun over the first NP namespaces
+  local np="$1"; shift
+  local hosts; hosts="$(seq -s, -f "$NET.%g:1" 1 "$np")"
+  timeout 900 mpirun --allow-run-as-root -np "$np" -H "$hosts" --bind-to none \
+    --mca plm_rsh_agent "$AGENT" --mca btl tcp,self --mca mpi_yield_when_idle 1 \
+    --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
+    -x OMP_NUM_THREADS=1 -x NUMBA_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3 -x PYTHONPATH="${PYTHONPATH:-}" "$PY" "$@" >/dev/null
+}
+
+for rate in local $RATES; do
+  for i in $(seq 0 $((N - 1))); do  # shape both directions of every link ("local": unshaped)
+    if [[ $rate == local ]]; then
+      tc qdisc del dev "gsv$i" root 2>/dev/null || true
+      ip netns exec "gsns$i" tc qdisc del dev eth0 root 2>/dev/null || true
+    else
+      tc qdisc replace dev "gsv$i" root tbf rate "$rate" burst 1mbit latency 100ms
+      ip netns exec "gsns$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst 1mbit latency 100ms
+    fi
   done
-  for method in $METHODS; do
-    echo "[bench_throughput] $rate $method" >&2
-    timeout 900 mpirun --allow-run-as-root -np "$N" -H "${hosts#,}" \
-      --mca plm_rsh_agent "$AGENT" --mca btl tcp,self --mca mpi_yield_when_idle 1 \
-      --mca btl_tcp_if_include "$NET.0/24" --mca oob_tcp_if_include "$NET.0/24" \
-      -x OMP_NUM_THREADS=1 -x TF_CPP_MIN_LOG_LEVEL=3 \
-      "$PY" "$ROOT/scripts/bench_throughput.py" --method "$method" --label "$rate" --out "$OUT" "$@"
+  echo "[bench_throughput] $rate: ping-pong" >&2
+  run 2 "$ROOT/scripts/pingpong.py" --label "$rate" --out "$OUT"
+  for np in $RANKS; do
+    for method in $METHODS; do
+      echo "[bench_throughput] $rate $np ranks: $method" >&2
+      run "$np" "$ROOT/scripts/bench_throughput.py" --compression "$method" --label "$rate" --out "$OUT" "$@"
+    done
   done
   # proof that the traffic crossed the shaped links: bytes through rank 0's link at this rate
   tc -s qdisc show dev gsv0 | sed -n 's/^ *Sent \([0-9]*\) bytes.*/[bench_throughput] gsv0 sent \1 bytes so far/p' >&2

@@ -1,38 +1,86 @@
-"""What the torch and TensorFlow demos share: the data split, the per-epoch report and the
-final summary, so both print and save the same things."""
+"""What the demos share: flags, GsSketch options as the user gave them, the digits split, the
+progress report and the final summary, so all of them print and save the same things."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
+import psutil
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 
 def demo_arguments(description: str, compressions: list[str]) -> argparse.ArgumentParser:
-    """The flags both demos take (data, model, optimizer, GsSketch options, output)."""
+    """The flags both demos take (data, model, optimizer, output) and :func:`add_compression_flags`."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compression", choices=compressions, default="gs",
-                   help="gs: GsSketch; none / fp16: Horovod's; others: baselines (torch only)")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, help="default: the model's (see the script)")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--momentum", type=float, default=0.9, help="of the SGD optimizer")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--ratio", type=float, default=0.02, help="gs: k / d per tensor")
-    p.add_argument("--rows", type=int, default=5, help="gs: sketch rows")
-    p.add_argument("--width", type=float, default=4.0, help="gs: sketch columns / k")
-    p.add_argument("--no-exact", dest="exact", action="store_false", help="gs: skip the second round")
-    p.add_argument("--warmup-steps", type=int, default=0, help="gs: dense steps first")
     p.add_argument("--json", help="write the per-epoch history to this file (rank 0)")
+    add_compression_flags(p, compressions)
     return p
+
+
+def add_compression_flags(p: argparse.ArgumentParser, compressions: list[str]) -> None:
+    """--compression and GsSketch's options. A GsSketch option the user does not give is not
+    passed, so GsSketch's own defaults apply; ``--gs NAME=VALUE`` passes any other option."""
+    p.add_argument("--compression", choices=compressions, default="gs",
+                   help="gs: GsSketch; none / fp16: Horovod's; others: baselines (torch only)")
+    p.add_argument("--ratio", type=float, help="k / d (gs: GsSketch's default; baselines: 0.01)")
+    p.add_argument("--rows", type=int, help="gs: sketch rows")
+    p.add_argument("--width", type=float, help="gs: sketch columns / k")
+    p.add_argument("--no-exact", dest="exact", action="store_false", default=None, help="gs: skip the second round")
+    p.add_argument("--warmup-steps", type=int, help="gs: dense steps first")
+    p.add_argument("--gs", action="append", default=[], metavar="NAME=VALUE",
+                   help="gs: any other GsSketch option, e.g. --gs scope=layer --gs candidates=2 (repeatable)")
+
+
+def gs_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The GsSketch options the user gave: the named flags that are set, then each ``--gs
+    NAME=VALUE`` (VALUE read as a Python literal when it is one, else as a string)."""
+    options = {name: getattr(args, name) for name in ("ratio", "rows", "width", "exact", "warmup_steps")
+               if getattr(args, name, None) is not None}
+    if getattr(args, "merge", "horovod") != "horovod":
+        options["merge"] = args.merge
+    for item in args.gs:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--gs takes NAME=VALUE, got {item!r}")
+        try:
+            options[name] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[name] = value
+    return options
+
+
+def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any,
+                                named_parameters: Any) -> tuple[Any, Callable[[], float]]:
+    """(optimizer, bytes_per_step) for ``args.compression`` in a torch demo: GsSketch with only
+    the options the user gave (:func:`gs_options`), else :func:`gs_horovod.baselines.distributed_optimizer`."""
+    import horovod.torch as hvd
+
+    from gs_horovod.baselines import distributed_optimizer
+    from gs_horovod.torch import GsSketch
+
+    named = list(named_parameters)
+    if args.compression == "gs":
+        gs = GsSketch(**gs_options(args))
+        opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
+        return opt, lambda: gs.stats.total_bytes / max(1, gs.stats.steps)
+    extra: dict[str, Any] = {"ratio": args.ratio} if args.ratio is not None else {}
+    if args.compression == "powersgd":
+        extra["powersgd_rank"] = args.powersgd_rank
+    return distributed_optimizer(args.compression, optimizer, named, **extra)
 
 
 def digits_shard(rank: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -45,35 +93,57 @@ def digits_shard(rank: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 class Report:
-    """A tqdm bar over epochs on rank 0, one printed line per epoch, and the JSON history."""
+    """What a demo shows, on rank 0 only: one progress bar over all steps, a line per period
+    (epoch, or evaluation interval), and a closing summary (held-out metric, bytes per step
+    against dense, wall time), all on stdout so that they stay in order through horovodrun;
+    also the JSON history. ``periods()`` yields the period numbers, ``step()`` advances the bar.
+    ``metric`` is "accuracy" (higher is better) or "perplexity" (lower is better)."""
 
-    def __init__(self, args: Any, rank: int, size: int, dense_bytes: int,
-                 bytes_per_step: Callable[[], float], steps_per_epoch: int) -> None:
+    def __init__(self, args: Any, rank: int, size: int, dense_bytes: int, bytes_per_step: Callable[[], float],
+                 steps_per_period: int, periods: int, period: str = "epoch", metric: str = "accuracy") -> None:
         self.args, self.rank, self.size = args, rank, size
-        self.dense_bytes, self.bytes_per_step, self.steps = dense_bytes, bytes_per_step, steps_per_epoch
+        self.dense_bytes, self.bytes_per_step, self.steps = dense_bytes, bytes_per_step, steps_per_period
+        self.count, self.period, self.metric = periods, period, metric
         self.history: list[dict] = []
         self.start = time.perf_counter()
-        self.bar = tqdm(range(1, args.epochs + 1), desc="epochs", unit="epoch", disable=rank != 0,
-                        file=sys.stderr, mininterval=0)
+        self.bar = tqdm(total=periods * steps_per_period, desc="training", unit="step", disable=rank != 0,
+                        file=sys.stdout, ncols=80,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}]")
 
-    def __iter__(self):
-        return iter(self.bar)
+    def periods(self) -> Iterator[int]:
+        return iter(range(1, self.count + 1))
 
-    def epoch(self, epoch: int, loss: float, accuracy: float) -> None:
+    def step(self) -> None:
+        self.bar.update()
+
+    def record(self, number: int, loss: float, value: float) -> None:
+        """The end of period ``number``: mean training loss and the held-out metric."""
         sent = self.bytes_per_step()
-        self.history.append({"epoch": epoch, "loss": loss, "accuracy": accuracy, "bytes_per_step": sent,
-                             "steps": self.steps})
-        self.bar.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}")
+        self.history.append({"epoch": number, "loss": loss, self.metric: value, "bytes_per_step": sent,
+                             "steps": self.steps, "seconds": time.perf_counter() - self.start})
         if self.rank == 0:
-            self.bar.write(f"epoch {epoch:3d}  loss {loss:.4f}  test accuracy {accuracy:.4f}  "
-                           f"bytes/step/rank {sent:,.0f} (dense {self.dense_bytes:,})", file=sys.stdout)
+            self.bar.write(f"{self.period} {number:3d}/{self.count}  loss {loss:.4f}  "
+                           f"held-out {self.metric} {value:.4f}", file=sys.stdout)
+            sys.stdout.flush()
 
     def finish(self) -> dict:
+        self.bar.close()
+        seconds = time.perf_counter() - self.start
         result = {"args": vars(self.args), "ranks": self.size, "dense_bytes_per_step": self.dense_bytes,
-                  "seconds": time.perf_counter() - self.start, "history": self.history}
+                  "seconds": seconds, "history": self.history}
         if self.rank == 0:
-            print(f"final test accuracy {self.history[-1]['accuracy']:.4f} after {self.args.epochs} epochs "
-                  f"on {self.size} ranks in {result['seconds']:.1f} s", flush=True)
+            sent, last = self.bytes_per_step(), self.history[-1][self.metric]
+            values = [h[self.metric] for h in self.history]
+            best = min(values) if self.metric == "perplexity" else max(values)
+            wall = time.time() - psutil.Process().create_time()
+            against = (f"{self.dense_bytes / max(sent, 1):.1f}x fewer than dense, {self.dense_bytes:,}"
+                       if sent < self.dense_bytes else "dense")
+            steps = self.count * self.steps
+            print(f"\nsummary ({self.size} ranks, --compression {self.args.compression})\n"
+                  f"  held-out {self.metric:<11}{last:.4f} after {steps} steps (best {best:.4f})\n"
+                  f"  bytes/step/rank     {sent:,.0f} ({against})\n"
+                  f"  wall time           {wall:.0f} s per rank, {seconds:.0f} s of it training "
+                  f"({steps / seconds:.2f} steps/s)", flush=True)
             if self.args.json:
                 with open(self.args.json, "w") as f:
                     json.dump(result, f, indent=1)

@@ -13,7 +13,7 @@ HOROVOD_VERSION=0.28.1
 PY_PACKAGES=(
   "torch==2.13.0" "tensorflow-cpu==2.21.0" "tf-keras~=2.21.0" "numba>=0.60" "mpi4py>=4"
   "scikit-learn" "tqdm" "pytest" "pytest-timeout" "ruff" "matplotlib" "psutil"
-  "packaging" "cloudpickle" "pyyaml" "cffi"
+  "packaging" "cloudpickle" "pyyaml" "cffi" "mlxtend"
 )
 # The stamp changes whenever this script changes, so edits re-run the install.
 STAMP_WANT="$(cat "${BASH_SOURCE[0]}" "$ROOT/setup.py" | sha256sum | cut -c1-16)"
@@ -64,7 +64,9 @@ fi
 log "pip install -e $ROOT"
 pip_quiet install -q --no-build-isolation --no-deps -e "$ROOT"
 
-check="$("$VENV/bin/horovodrun" --check-build)"
+# the build check imports TensorFlow in subprocesses, whose C++ start-up log lines ignore
+# TF_CPP_MIN_LOG_LEVEL: keep them with the check's output, shown only if the check fails
+check="$("$VENV/bin/horovodrun" --check-build 2>&1)"
 for part in PyTorch TensorFlow MPI Gloo; do
   grep -q "\[X\] $part" <<<"$check" || { echo "$check"; log "Horovod was built without $part"; exit 1; }
 done

@@ -18,14 +18,16 @@ import math  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from demo_common import Report, demo_arguments, digits_shard  # noqa: E402
+from demo_common import Report, demo_arguments, digits_shard, gs_options  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = demo_arguments(__doc__, ["gs", "none", "fp16"])
-    return p.parse_args(argv)
+    args = demo_arguments(__doc__, ["gs", "none", "fp16"]).parse_args(argv)
+    if args.epochs is None:
+        args.epochs = 30
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,8 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     hvd.broadcast_variables(model.variables, root_rank=0)
     if args.compression == "gs":
-        compression = GsSketch(ratio=args.ratio, rows=args.rows, width=args.width, exact=args.exact,
-                               warmup_steps=args.warmup_steps, seed=args.seed)
+        compression = GsSketch(**gs_options(args))
         bytes_per_step = compression.bytes_per_step(model.trainable_variables)
     else:
         compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
@@ -66,16 +67,18 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
                                         op=hvd.Min, name="steps"))
     rng = np.random.default_rng(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: bytes_per_step, steps_per_epoch)
-    for epoch in report:
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: bytes_per_step, steps_per_epoch,
+                    args.epochs)
+    for epoch in report.periods():
         order = rng.permutation(len(x_train))
         total = 0.0
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             total += float(train_step(x_train[batch], y_train[batch]))
+            report.step()
         train_loss = float(hvd.allreduce(tf.constant(total / steps_per_epoch), name="loss"))
         accuracy = float(np.mean(np.argmax(model(x_test), axis=1) == y_test))
-        report.epoch(epoch, train_loss, accuracy)
+        report.record(epoch, train_loss, accuracy)
     return report.finish()
 
 

@@ -1,0 +1,93 @@
+"""Data-parallel training of a byte-level LSTM language model on the Python standard library's
+own ``.py`` sources with Horovod.
+
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/train_lm.py --compression gs --steps 60
+
+Data: ``workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
+cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
+``workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
+training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
+held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
+switch and GsSketch flags as ``scripts/train_torch.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+from demo_common import Report, add_compression_flags, torch_distributed_optimizer
+from workloads import LstmLM, perplexity, stdlib_text, text_batch
+
+from gs_horovod.baselines import METHODS
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=60, help="training steps (a multiple of --eval-every)")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=8, help="windows per rank per step")
+    p.add_argument("--seq", type=int, default=64, help="bytes per training window")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
+    p.add_argument("--embed", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=1536)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows of --eval-seq bytes")
+    p.add_argument("--eval-seq", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the history to this file (rank 0)")
+    add_compression_flags(p, ["gs", "none", "fp16", *METHODS])
+    p.add_argument("--powersgd-rank", type=int, default=4)
+    p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
+                   help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
+    args = p.parse_args(argv)
+    if args.steps % args.eval_every:
+        p.error(f"--steps {args.steps} is not a multiple of --eval-every {args.eval_every}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    hvd.init()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+
+    corpus = stdlib_text(hvd.rank(), hvd.size())
+    model = LstmLM(embed=args.embed, hidden=args.hidden, layers=args.layers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    optimizer, bytes_per_step = torch_distributed_optimizer(args, optimizer, model.named_parameters())
+
+    dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    g = torch.Generator().manual_seed(args.seed + hvd.rank())
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, bytes_per_step, args.eval_every,
+                    args.steps // args.eval_every, period="interval", metric="perplexity")
+    for interval in report.periods():
+        model.train()
+        total = 0.0
+        for _ in range(args.eval_every):
+            inputs, targets = text_batch(corpus.train, args.batch_size, args.seq, g)
+            optimizer.zero_grad()
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            total += loss.item()
+            report.step()
+        train_loss = hvd.allreduce(torch.tensor(total / args.eval_every), name="loss").item()
+        ppl = perplexity(model, corpus.test, seq=args.eval_seq, max_windows=args.eval_windows)
+        report.record(interval, train_loss, ppl)
+    result = report.finish()
+    if hvd.rank() == 0:
+        print(f"  model               {sum(p.numel() for p in model.parameters()):,} parameters; "
+              f"{len(corpus.train_files)} training files, {len(corpus.test_files)} held out "
+              f"(train loss {result['history'][-1]['loss']:.3f} nats = {math.exp(result['history'][-1]['loss']):.2f} "
+              "perplexity)", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
