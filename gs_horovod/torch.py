@@ -279,6 +279,8 @@ class GsSketch(DefaultInstance, Compressor):
     """
 
     MERGES = ("horovod", "mpi")
+    config = DefaultInstanceAttribute()
+    merge = DefaultInstanceAttribute()
     stats = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
 

@@ -29,7 +29,7 @@ def tf_runs(tmp_path_factory):
     return run_both_sizes("tf_checkpoints.py", tmp_path_factory, 420)
 
 
-@pytest.fixture(params=["torch"])
+@pytest.fixture(params=["torch", "tf"])
 def runs(request):
     return request.getfixturevalue(f"{request.param}_runs")
 
@@ -87,3 +87,10 @@ def test_class_form_offers_the_instance_api(runs, size):
         assert r["class_after_reset"] == r["instance_after_reset"] == 0
         assert r["class_reloaded"] == r["class_local"] and r["instance_reloaded"] == r["instance_local"]
         assert r["class_merge_stats"] == r["instance_merge_stats"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_tf_stats_count_what_bytes_per_step_predicts(tf_runs, size):
+    for r in tf_runs[size]:
+        assert r["class_stats"]["sketch_bytes"] + r["class_stats"]["exact_bytes"] + r["class_stats"]["dense_bytes"] \
+            == 3 * r["class_bytes_per_step"]
