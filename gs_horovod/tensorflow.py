@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 import horovod.tensorflow as hvd
@@ -32,8 +32,18 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
-from .compressor import DefaultInstance, DefaultInstanceMethod, check_merge, config_from
-from .gs_sgd import GsConfig, GsSgd, Layout, MergeStats
+from .compressor import (
+    DefaultInstance,
+    DefaultInstanceAttribute,
+    DefaultInstanceMethod,
+    DefaultInstanceProperty,
+    check_local_state,
+    check_merge,
+    config_from,
+    gather_state,
+    scatter_state,
+)
+from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import tf_ops
 
 _DTYPES = {"float16": tf.float16, "float32": tf.float32}
@@ -198,12 +208,35 @@ class _VariableState(tf.Module):
         self.momentum = tf.Variable(tf.zeros([d], tf.float32), trainable=False, name="momentum") if momentum else None
 
 
+class _Counters:
+    """:class:`CommStats` as int64 variables that the graph adds to. A plain object, so that
+    tf.Module does not track them: they are not state to checkpoint."""
+
+    def __init__(self) -> None:
+        with tf.init_scope():
+            self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                           for name in ("sketch_bytes", "exact_bytes", "dense_bytes", "steps", "skipped")}
+
+    def add(self, **amounts: Any) -> None:
+        for name, amount in amounts.items():
+            self.values[name].assign_add(tf.cast(amount, tf.int64))
+
+
 @dataclass(frozen=True)
 class _Ctx:
     step: _StepState
     offset: int
     shape: tf.TensorShape
     dtype: tf.DType
+
+
+class _Restored:
+    """What load_state_dict gave for states not created yet: per variable path (residual,
+    momentum or None) as arrays, per step key the steps. A plain object (not tracked)."""
+
+    def __init__(self) -> None:
+        self.states: dict[str, tuple[np.ndarray, Optional[np.ndarray]]] = {}
+        self.steps: dict[str, int] = {}
 
 
 class _Traced:
@@ -217,6 +250,10 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
     (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
 
+    config = DefaultInstanceAttribute()
+    merge = DefaultInstanceAttribute()
+    merge_stats = DefaultInstanceAttribute()
+
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
         check_merge(merge, comm)
@@ -229,6 +266,8 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, _StepState] = {}  # by a digest of the optimizer's variable paths
         self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict
+        self._counters = _Counters()
+        self._restored = _Restored()  # load_state_dict contents for states not created yet
 
     def __repr__(self) -> str:
         return f"GsSketch(merge={self.merge!r}, {self.config})"
@@ -240,6 +279,7 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         computed with the step's other gradients: sketched from ``min_size`` elements on, sent
         exactly below it); others as they are, with ctx None."""
         if not tensor.dtype.is_floating or tensor.shape.num_elements() is None:
+            self._counters.add(dense_bytes=tf.size(tensor, tf.int64) * tensor.dtype.size)
             return tensor, None
         grads, variables, op, process_set = _calling_step(tensor)
         if self._traced.grads is not grads:
@@ -255,6 +295,89 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         n = ctx.shape.num_elements()
         return tf.cast(tf.reshape(ctx.step.update[ctx.offset:ctx.offset + n], ctx.shape), ctx.dtype)
 
+    @DefaultInstanceProperty
+    def stats(self) -> CommStats:
+        """Bytes this rank handed to collectives and steps run (read from the graph's counters)."""
+        return CommStats(**{name: int(v.numpy()) for name, v in self._counters.values.items()})
+
+    @DefaultInstanceMethod
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        """Collective (call it eagerly on every rank, at the same point): the state of ALL
+        ranks, gathered on rank 0, which saves it (one file); None on the other ranks.
+        ``{"format", "world_size", "options", "ranks": [local_state_dict() of rank 0, 1, ...]}``."""
+        return gather_state(self.local_state_dict(), _exchange, hvd.rank(), hvd.size())
+
+    @DefaultInstanceMethod
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        """Collective (eagerly, every rank): rank 0 passes what :meth:`state_dict` returned,
+        the other ranks None (not read); each rank gets its own residuals back, assigned to its
+        variables now or when they are created at the first step. A state of another world
+        size or other options raises ValueError on every rank."""
+        self._load(scatter_state(state, _exchange, hvd.rank(), hvd.size(), self._options()))
+
+    @DefaultInstanceMethod
+    def local_state_dict(self) -> dict[str, Any]:
+        """Not collective: this rank's own state as numpy arrays, for one file per rank.
+        ``{"options", "world_size", "rank", "variables": {path: {"residual", "momentum"}},
+        "steps": {key: steps}}`` (momentum None when m = 0; state loaded but not created yet
+        included). ``tf.train.Checkpoint(compression=gs)`` per rank saves the same state."""
+        variables = {path: {"residual": r, "momentum": m} for path, (r, m) in self._restored.states.items()}
+        for path, st in self.states.items():
+            variables[path] = {"residual": st.residual.numpy(),
+                               "momentum": None if st.momentum is None else st.momentum.numpy()}
+        steps = {**self._restored.steps, **{key: int(st.steps.numpy()) for key, st in self.steps.items()}}
+        return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(),
+                "variables": variables, "steps": steps}
+
+    @DefaultInstanceMethod
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Not collective: restores what :meth:`local_state_dict` saved on this rank (same
+        options and world size, else ValueError naming what differs)."""
+        error = check_local_state(state, self._options(), hvd.size())
+        if error:
+            raise ValueError(error)
+        self._load(state)
+
+    @DefaultInstanceMethod
+    def reset(self) -> None:
+        """Zeroes every residual, momentum and step count (eagerly) and drops loaded state not
+        yet used: the variables stay, as Horovod's traced step holds them. Call it from a
+        Horovod elastic reset callback."""
+        self._restored = _Restored()
+        for st in self.states.values():
+            st.residual.assign(tf.zeros_like(st.residual))
+            if st.momentum is not None:
+                st.momentum.assign(tf.zeros_like(st.momentum))
+        for step in self.steps.values():
+            step.steps.assign(0)
+            step.checked.assign(False)
+
+    def _options(self) -> dict[str, Any]:
+        return {**asdict(self.config), "merge": self.merge}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        pending = _Restored()
+        for path, saved in state["variables"].items():
+            residual = np.asarray(saved["residual"], np.float32).reshape(-1)
+            momentum = None if saved["momentum"] is None else np.asarray(saved["momentum"], np.float32).reshape(-1)
+            st = self.states.get(path)
+            if st is None:
+                pending.states[path] = (residual, momentum)
+                continue
+            if residual.size != st.residual.shape.num_elements():
+                raise ValueError(f"saved GsSketch state of {path!r} has {residual.size} elements, "
+                                 f"the variable {st.residual.shape.num_elements()}")
+            st.residual.assign(residual)
+            if st.momentum is not None and momentum is not None:
+                st.momentum.assign(momentum)
+        for key, steps in state["steps"].items():
+            if key in self.steps:
+                self.steps[key].steps.assign(int(steps))
+            else:
+                pending.steps[key] = int(steps)
+        self._restored = pending
+
+    @DefaultInstanceMethod
     def bytes_per_step(self, variables: list[Any]) -> int:
         """Bytes one rank hands to collectives per step for gradients of ``variables``, once
         warm-up is over: the sketch and the exact round for the compressed ones, the dense
@@ -287,6 +410,9 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         if step is None:
             with tf.init_scope():
                 step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key)
+                if key in self._restored.steps:
+                    step.steps.assign(self._restored.steps.pop(key))
+        warm = step.steps < cfg.warmup_steps  # read before the step assigns it
         engine = GsSgd(cfg, self.ops, self._collectives(op, process_set))
         flat = [tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in picked + dense]
         result = engine.step(layout, flat[:len(picked)], [s.residual for s in states],
@@ -300,6 +426,14 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
             s.residual.assign(residual)
         for s, momentum in zip(states, result.momenta):
             s.momentum.assign(momentum)
+        dense_total = (layout.total + sum(layout.dense_sizes)) * 4
+        if layout.groups:
+            sketch, exact, dense_bytes = layout.payload_bytes(cfg)
+            self._counters.add(sketch_bytes=tf.where(warm, 0, sketch), exact_bytes=tf.where(warm, 0, exact),
+                               dense_bytes=tf.where(warm, dense_total, dense_bytes))
+        else:
+            self._counters.add(dense_bytes=dense_total)
+        self._counters.add(steps=1, skipped=1 - tf.cast(result.applied, tf.int64))
         offsets = np.cumsum([0, *layout.all_sizes])
         return {id(g): _Ctx(step, int(offset), g.shape, g.dtype) for (_, g), offset in zip(picked + dense, offsets)}
 
@@ -319,7 +453,26 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         if st is None:
             with tf.init_scope():
                 st = self.states[name] = _VariableState(d, bool(self.config.momentum), name)
+                saved = self._restored.states.pop(name, None)
+                if saved is not None:
+                    if saved[0].size != d:
+                        raise ValueError(f"saved GsSketch state of {name!r} has {saved[0].size} elements, "
+                                         f"the variable {d}")
+                    st.residual.assign(saved[0])
+                    if st.momentum is not None and saved[1] is not None:
+                        st.momentum.assign(saved[1])
         return st
+
+
+def _exchange(out: list[bytes]) -> list[bytes]:
+    """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits, eagerly); returns
+    what each rank sent here, in rank order."""
+    data = tf.constant(np.frombuffer(b"".join(out), dtype=np.uint8))
+    received, splits = hvd.alltoall(data, splits=tf.constant([len(b) for b in out], tf.int32),
+                                    name="gs_horovod.checkpoint")
+    buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
+    ends = np.cumsum(sizes).tolist()
+    return [buf[end - n:end] for n, end in zip(sizes, ends)]
 
 
 def _path(var: Any) -> str:

@@ -33,7 +33,16 @@ import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .compressor import DefaultInstance, DefaultInstanceMethod, check_merge, config_from
+from .compressor import (
+    DefaultInstance,
+    DefaultInstanceAttribute,
+    DefaultInstanceMethod,
+    check_local_state,
+    check_merge,
+    config_from,
+    gather_state,
+    scatter_state,
+)
 from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import torch_ops
 
@@ -270,6 +279,11 @@ class GsSketch(DefaultInstance, Compressor):
     MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``); ``merge_stats`` counts its traffic.
     """
 
+    config = DefaultInstanceAttribute()
+    merge = DefaultInstanceAttribute()
+    stats = DefaultInstanceAttribute()
+    merge_stats = DefaultInstanceAttribute()
+
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         check_merge(merge, comm)
         self.config: GsConfig = config_from(options, extra=("merge", "comm"))
@@ -312,25 +326,45 @@ class GsSketch(DefaultInstance, Compressor):
             binding.run_step(self.stats)
         return binding.updates.pop(ctx.name).view(ctx.shape).to(ctx.dtype)
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"options": ..., "tensors": {name: {"residual", "momentum", "steps"}}}``: per
-        parameter the residual and momentum (d,) f32 (momentum None when m = 0) and the steps of
-        its optimizer. Residuals are this rank's own: save one file per rank."""
-        tensors = {}
+    @DefaultInstanceMethod
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        """Collective (call it on every rank, at the same point): the state of ALL ranks,
+        gathered on rank 0, which saves it as Horovod's examples save the model; None on the
+        other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict() of
+        rank 0, 1, ...]}``; tensors are on the CPU."""
+        return gather_state(self.local_state_dict(), _exchange, hvd.rank(), hvd.size())
+
+    @DefaultInstanceMethod
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
+        its file), the other ranks None (what they pass is not read); each rank gets its own
+        residuals back. Restored now, or for optimizers not seen yet at their first compress.
+        A state of another world size or other options raises ValueError on every rank."""
+        self._load(scatter_state(state, _exchange, hvd.rank(), hvd.size(), self._options()))
+
+    @DefaultInstanceMethod
+    def local_state_dict(self) -> dict[str, Any]:
+        """Not collective: this rank's own state, for one file per rank. ``{"options",
+        "world_size", "rank", "tensors": {name: {"residual", "momentum", "steps"}}}``: per
+        parameter the residual and momentum (d,) f32 (momentum None when m = 0) and the steps
+        of its optimizer (restored state not yet bound to an optimizer included)."""
+        tensors = dict(self._restored)
         for binding in self._bindings.values():
             for name, residual in binding.residuals.items():
                 tensors[name] = {"residual": residual, "momentum": binding.momenta.get(name), "steps": binding.steps}
-        return {"options": self._options(), "tensors": tensors}
+        return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(), "tensors": tensors}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores what :meth:`state_dict` saved, now or, for optimizers not seen yet, at
-        their first compress. The options must be the ones it was saved with."""
-        if state.get("options") != self._options():
-            raise ValueError(f"GsSketch state was saved with options {state.get('options')}, not {self._options()}")
-        self._restored = dict(state["tensors"])
-        for binding in self._bindings.values():
-            self._restore(binding)
+    @DefaultInstanceMethod
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Not collective: restores what :meth:`local_state_dict` saved on this rank. The
+        options and the world size must be the ones it was saved with (ValueError naming what
+        differs)."""
+        error = check_local_state(state, self._options(), hvd.size())
+        if error:
+            raise ValueError(error)
+        self._load(state)
 
+    @DefaultInstanceMethod
     def reset(self) -> None:
         """Forgets all per-parameter state (residuals, momentum, steps) and communicators.
         Call it from a Horovod elastic reset callback: residuals built for the old set of
@@ -338,6 +372,11 @@ class GsSketch(DefaultInstance, Compressor):
         self._bindings.clear()
         self._restored.clear()
         self._comms = None
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self._restored = dict(state["tensors"])
+        for binding in self._bindings.values():
+            self._restore(binding)
 
     def _options(self) -> dict[str, Any]:
         return {**asdict(self.config), "merge": self.merge}
@@ -378,6 +417,17 @@ class GsSketch(DefaultInstance, Compressor):
             binding = self._bindings[optimizer] = _Binding(engine, params)
             self._restore(binding)
         return binding
+
+
+def _exchange(out: list[bytes]) -> list[bytes]:
+    """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits); returns what each
+    rank sent here, in rank order."""
+    data = np.frombuffer(b"".join(out), dtype=np.uint8).copy()
+    received, splits = hvd.alltoall(torch.from_numpy(data), splits=torch.tensor([len(b) for b in out],
+                                    dtype=torch.int32), name="gs_horovod.checkpoint")
+    ends = np.cumsum(splits.numpy())
+    buf = received.numpy().tobytes()
+    return [buf[end - n:end] for n, end in zip(splits.tolist(), ends.tolist())]
 
 
 def _calling_optimizer(compressor: GsSketch) -> Any:

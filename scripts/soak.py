@@ -43,7 +43,7 @@ def main() -> None:
         train(model, opt, x, y, steps=args.every)
         rss = torch.tensor([proc.memory_info().rss / 2**20])
         samples.append({"step": done, "rss_mib": hvd.allgather(rss, name=f"rss{done}").tolist(),
-                        "states": len(gs.state_dict()["tensors"])})
+                        "states": len(gs.local_state_dict()["tensors"])})
     if hvd.rank() == 0:
         base = next(s for s in samples if s["step"] >= args.settle)
         growth = [max(s["rss_mib"][r] for s in samples if s["step"] >= base["step"]) / base["rss_mib"][r] - 1

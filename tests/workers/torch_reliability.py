@@ -48,14 +48,14 @@ def nonfinite(result: dict, x, y) -> None:
         gs = GsSketch(ratio=0.05, min_size=64, nonfinite=mode)
         opt = distributed(model, f"n.{mode}.", gs)
         step(model, opt, x, y, 0)
-        residuals = {n: t["residual"].clone() for n, t in gs.state_dict()["tensors"].items()}
+        residuals = {n: t["residual"].clone() for n, t in gs.local_state_dict()["tensors"].items()}
         params = flat(model).clone()
         try:
             step(model, opt, x, y, 1, poison=model[2].weight if hvd.rank() == 1 else None)
             result[f"nan_{mode}_error"] = None
         except FloatingPointError as e:
             result[f"nan_{mode}_error"] = str(e)
-        after = gs.state_dict()["tensors"]
+        after = gs.local_state_dict()["tensors"]
         result[f"nan_{mode}_residuals_unchanged"] = all(torch.equal(after[n]["residual"], r)
                                                         for n, r in residuals.items())
         result[f"nan_{mode}_params_unchanged"] = bool(torch.equal(flat(model), params))
@@ -106,23 +106,23 @@ def resume(result: dict, x, y) -> None:
     opt = distributed(model, "r.b.", gs)
     for i in range(n):
         step(model, opt, x, y, i)
-    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "gs": gs.state_dict()})
+    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "gs": gs.local_state_dict()})
 
     model = mlp(123)  # different weights: everything must come from the checkpoint
     model.load_state_dict(saved["model"])
     gs = GsSketch(**options)
-    gs.load_state_dict(saved["gs"])
+    gs.load_local_state_dict(saved["gs"])  # one file per rank: the local, non-collective form
     opt = distributed(model, "r.b.", gs)
     opt.load_state_dict(saved["opt"])
     for i in range(n, 2 * n):
         step(model, opt, x, y, i)
     result["resume_restored"] = digest(model)
     gs.reset()  # as a Horovod elastic reset callback would: residuals start again
-    result["reset_tensors"] = len(gs.state_dict()["tensors"])
+    result["reset_tensors"] = len(gs.local_state_dict()["tensors"])
     step(model, opt, x, y, 2 * n)
-    result["reset_then_steps"] = sorted({t["steps"] for t in gs.state_dict()["tensors"].values()})
+    result["reset_then_steps"] = sorted({t["steps"] for t in gs.local_state_dict()["tensors"].values()})
     try:
-        GsSketch(**{**options, "seed": 1}).load_state_dict(saved["gs"])
+        GsSketch(**{**options, "seed": 1}).load_local_state_dict(saved["gs"])
     except ValueError as e:
         result["resume_wrong_options_error"] = str(e)
 
@@ -147,7 +147,7 @@ def odd_shapes(result: dict, x, y) -> None:
     opt = distributed(model, "o.", gs, lr=0.01)
     for i in range(3):
         step(model, opt, x, y, i)
-    result["odd_steps"] = {n: t["steps"] for n, t in gs.state_dict()["tensors"].items()}
+    result["odd_steps"] = {n: t["steps"] for n, t in gs.local_state_dict()["tensors"].items()}
     result["odd_dtypes"] = {n: str(p.grad.dtype) + str(tuple(p.grad.shape)) for n, p in model.named_parameters()}
     result["odd_digest"] = digest(model)
 

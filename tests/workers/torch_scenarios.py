@@ -160,7 +160,7 @@ def main(out_dir: str, scenarios: str = "all") -> None:
             out = h[:, :10] if step % 3 == 0 else model[-1](h)
             F.cross_entropy(out.float(), y[idx]).backward()
         opt.step()
-    result["state_steps"] = {name: st["steps"] for name, st in gs.state_dict()["tensors"].items()}
+    result["state_steps"] = {name: st["steps"] for name, st in gs.local_state_dict()["tensors"].items()}
     result["bf16_grad_dtypes"] = sorted({str(p.grad.dtype) for p in model.parameters()})
     result["bf16_params_finite"] = bool(torch.isfinite(flat(model)).all())
     result["bf16_digest"] = digest(model)

@@ -1,0 +1,96 @@
+"""Checkpoints saved the Horovod way (every rank calls ``state_dict()``, rank 0 writes one
+file; after a restart rank 0 reads it and every rank calls ``load_state_dict``), at 2 and 3
+ranks, torch and TensorFlow; and the class form ``compression=GsSketch`` offering the
+instance's API. A 3-rank job also tries the 2-rank file: the world-size error on every rank."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import horovodrun
+
+SIZES = (2, 3)
+
+
+def run_both_sizes(script: str, tmp_path_factory, timeout: float) -> dict[int, list[dict]]:
+    two = tmp_path_factory.mktemp(f"{script}2")
+    runs = {2: horovodrun(script, 2, "gloo", two, timeout=timeout)}
+    runs[3] = horovodrun(script, 3, "gloo", tmp_path_factory.mktemp(f"{script}3"), str(two / "checkpoint.pt"),
+                         timeout=timeout)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def torch_runs(tmp_path_factory):
+    return run_both_sizes("torch_checkpoints.py", tmp_path_factory, 240)
+
+
+@pytest.fixture(scope="module")
+def tf_runs(tmp_path_factory):
+    return run_both_sizes("tf_checkpoints.py", tmp_path_factory, 420)
+
+
+@pytest.fixture(params=["torch", "tf"])
+def runs(request):
+    return request.getfixturevalue(f"{request.param}_runs")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_rank0_file_resume_is_bitwise_the_uninterrupted_run(runs, size):
+    for r in runs[size]:
+        assert r["load_error"] is None
+        assert r["own_residuals_back"]  # each rank got its own residuals, not rank 0's
+        # Gloo reduces in a fixed order, so the resumed run is bit for bit the straight one
+        assert r["resumed"] == r["straight"]
+    assert len({r["straight"] for r in runs[size]}) == 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_rank0_residuals_on_every_rank_would_resume_wrong(runs, size):
+    # what saving rank 0's compressor state alone gives: the check above can tell the difference
+    for r in runs[size]:
+        assert r["rank0_everywhere"] != r["straight"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_state_dict_is_gathered_on_rank_0_only(runs, size):
+    assert [r["state_dict_is_none"] for r in runs[size]] == [False] + [True] * (size - 1)
+    assert runs[size][0]["class_gathered_ranks"] == runs[size][0]["instance_gathered_ranks"] == size
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_wrong_options_fail_on_every_rank_naming_them(runs, size):
+    for r in runs[size]:
+        assert r["wrong_options_error"] == ("GsSketch state was saved with different options: "
+                                            "ratio=0.05 saved, 0.1 now; seed=0 saved, 3 now")
+
+
+def test_wrong_world_size_fails_on_every_rank(runs):
+    for r in runs[3]:
+        assert r["world_size_error"].startswith("GsSketch state was saved by 2 ranks, this job has 3: "
+                                                "residuals are per rank")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_local_and_gathered_states_are_not_mixed_up(runs, size):
+    for r in runs[size]:
+        assert "this is one rank's state (local_state_dict())" in r["local_state_to_collective_error"]
+    assert "this is the gathered state of all ranks" in runs[size][0]["local_gathered_error"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_class_form_offers_the_instance_api(runs, size):
+    for r in runs[size]:
+        assert r["class_digest"] == r["instance_digest"]
+        assert r["class_stats"] == r["instance_stats"] and r["class_stats"]["steps"] == 3
+        assert r["class_stats"]["sketch_bytes"] > 0
+        assert r["class_local"] == r["instance_local"] and len(r["class_local"]) >= 2
+        assert r["class_after_reset"] == r["instance_after_reset"] == 0
+        assert r["class_reloaded"] == r["class_local"] and r["instance_reloaded"] == r["instance_local"]
+        assert r["class_merge_stats"] == r["instance_merge_stats"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_tf_stats_count_what_bytes_per_step_predicts(tf_runs, size):
+    for r in tf_runs[size]:
+        assert r["class_stats"]["sketch_bytes"] + r["class_stats"]["exact_bytes"] + r["class_stats"]["dense_bytes"] \
+            == 3 * r["class_bytes_per_step"]
