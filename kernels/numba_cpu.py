@@ -170,13 +170,16 @@ def _scan(table: np.ndarray, key: np.uint64, offset: int, length: int, count: in
 
     Per block of coordinates, a first stage tests the first rows - need + 1 rows against a bit
     mask of |table| >= thr (a coordinate missing all of them cannot reach the threshold; the
-    mask stays in L1/L2 where the table would not) and lists the others; the second stage tests
-    every row on the table and takes medians of the survivors only.
+    mask stays in L1/L2 where the table would not) and lists the others; the second stage
+    counts the hits of every row in the mask and reads the table, for a median, only for
+    coordinates with ``need`` hits. (The mask is of the first thr: a raised threshold is applied
+    to the medians.)
     """
     rows, cols = table.shape
     ucols = np.uint64(cols)
-    first = rows - (rows + 1) // 2 + 1
-    mask = _hit_mask(table, first, thr)
+    need = (rows + 1) // 2
+    first = rows - need + 1
+    mask = _hit_mask(table, rows, thr)
     bidx = np.empty((workers, cap), np.int64)
     best = np.empty((workers, cap), np.float32)
     counts = np.zeros(workers, np.int64)
@@ -212,16 +215,20 @@ def _scan(table: np.ndarray, key: np.uint64, offset: int, length: int, count: in
                 i = listed[c]
                 z = _mix(np.uint64(offset + i), key)
                 h2 = (z >> _S32) | _ONE
-                w = _sign_word(z)
                 u = z & _M32
                 hits = 0
                 for j in range(rows):
+                    b = (u * ucols) >> _S32
+                    hits += np.int64((mask[j, b >> _S6] >> (b & _S63)) & _ONE)
+                    u = (u + h2) & _M32
+                if hits < need:
+                    continue
+                w = _sign_word(z)
+                u = z & _M32
+                for j in range(rows):
                     v = table[j, (u * ucols) >> _S32]
-                    hits += abs(v) >= t
                     buf[j] = -v if _row_sign(w, j) else v
                     u = (u + h2) & _M32
-                if hits < rows - first + 1:
-                    continue
                 e = _median(buf, rows)
                 a = abs(e)
                 if a > t or (a == t and not strict):
