@@ -42,33 +42,54 @@ _S6 = np.uint64(6)
 _S63 = np.uint64(63)
 _NAN_KEY = 0x7F800001  # every NaN's |x| key: above +Inf (0x7F800000), so NaN ranks largest
 _THRESHOLD_SAMPLE = 1 << 16  # cells of |table| (strided) the first threshold is picked from
+_SERIAL_BELOW = 1 << 18  # elements below which a serial pass beats starting the thread pool
 _BLOCK = 2048  # coordinates per first-stage block of the pruned scan
 _LEVELS = ((20, 11), (8, 12), (0, 8))  # (shift, bits) of the radix-select digits of a 31-bit key
+
+
+@njit(inline="always", cache=True)
+def _scatter_task(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, key: np.uint64, offset: int, dense: bool,
+                  j: int, lo: int, hi: int) -> None:
+    """Row j, columns [lo, hi): every coordinate's contribution, in coordinate order."""
+    ucols = np.uint64(table.shape[1])
+    uj = np.uint64(j)
+    for i in range(vals.shape[0]):
+        g = np.uint64(offset + i) if dense else np.uint64(idx[i])
+        z = _mix(g, key)
+        u = ((z & _M32) + uj * ((z >> _S32) | _ONE)) & _M32
+        b = np.int64((u * ucols) >> _S32)
+        if lo <= b < hi:
+            if _row_sign(_sign_word(z), j):
+                table[j, b] -= vals[i]
+            else:
+                table[j, b] += vals[i]
 
 
 @njit(parallel=True, cache=True)
 def _scatter(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, key: np.uint64, offset: int, dense: bool,
              threads: int) -> None:
     rows, cols = table.shape
-    ucols = np.uint64(cols)
-    n = vals.shape[0]
     parts = max(1, (threads + rows - 1) // rows)
     span = (cols + parts - 1) // parts
     for task in prange(rows * parts):
-        j = task // parts
         lo = (task % parts) * span
-        hi = min(cols, lo + span)
-        uj = np.uint64(j)
-        for i in range(n):
-            g = np.uint64(offset + i) if dense else np.uint64(idx[i])
-            z = _mix(g, key)
-            u = ((z & _M32) + uj * ((z >> _S32) | _ONE)) & _M32
-            b = np.int64((u * ucols) >> _S32)
-            if lo <= b < hi:
-                if _row_sign(_sign_word(z), j):
-                    table[j, b] -= vals[i]
-                else:
-                    table[j, b] += vals[i]
+        _scatter_task(table, idx, vals, key, offset, dense, task // parts, lo, min(cols, lo + span))
+
+
+@njit(cache=True)
+def _scatter_serial(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, key: np.uint64, offset: int,
+                    dense: bool) -> None:
+    for j in range(table.shape[0]):
+        _scatter_task(table, idx, vals, key, offset, dense, j, 0, table.shape[1])
+
+
+def _scatter_any(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, key: np.uint64, offset: int,
+                 dense: bool) -> None:
+    threads = numba.get_num_threads()
+    if threads == 1 or vals.shape[0] * table.shape[0] < _SERIAL_BELOW:
+        _scatter_serial(table, idx, vals, key, offset, dense)
+    else:
+        _scatter(table, idx, vals, key, offset, dense, threads)
 
 
 def accumulate(table: np.ndarray, vec: np.ndarray, keys: np.ndarray, offset: int) -> None:
@@ -76,13 +97,13 @@ def accumulate(table: np.ndarray, vec: np.ndarray, keys: np.ndarray, offset: int
 
     table: (rows, cols) float32, updated in place; vec: (n,) float32; keys: (1,) int64.
     """
-    _scatter(table, np.empty(0, np.int64), vec, np.uint64(keys[0]), offset, True, numba.get_num_threads())
+    _scatter_any(table, np.empty(0, np.int64), vec, np.uint64(keys[0]), offset, True)
 
 
 def accumulate_at(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, keys: np.ndarray) -> None:
     """table[j, bucket_j(idx[i])] += sign_j(idx[i]) * vals[i] for every row j and i < n, in the
     order of i. idx: (n,) int64 global coordinates in [0, 2^62); vals: (n,) float32."""
-    _scatter(table, idx, vals, np.uint64(keys[0]), 0, False, numba.get_num_threads())
+    _scatter_any(table, idx, vals, np.uint64(keys[0]), 0, False)
 
 
 @njit(parallel=True, cache=True)
@@ -149,13 +170,16 @@ def _scan(table: np.ndarray, key: np.uint64, offset: int, length: int, count: in
 
     Per block of coordinates, a first stage tests the first rows - need + 1 rows against a bit
     mask of |table| >= thr (a coordinate missing all of them cannot reach the threshold; the
-    mask stays in L1/L2 where the table would not) and lists the others; the second stage tests
-    every row on the table and takes medians of the survivors only.
+    mask stays in L1/L2 where the table would not) and lists the others; the second stage
+    counts the hits of every row in the mask and reads the table, for a median, only for
+    coordinates with ``need`` hits. (The mask is of the first thr: a raised threshold is applied
+    to the medians.)
     """
     rows, cols = table.shape
     ucols = np.uint64(cols)
-    first = rows - (rows + 1) // 2 + 1
-    mask = _hit_mask(table, first, thr)
+    need = (rows + 1) // 2
+    first = rows - need + 1
+    mask = _hit_mask(table, rows, thr)
     bidx = np.empty((workers, cap), np.int64)
     best = np.empty((workers, cap), np.float32)
     counts = np.zeros(workers, np.int64)
@@ -191,16 +215,20 @@ def _scan(table: np.ndarray, key: np.uint64, offset: int, length: int, count: in
                 i = listed[c]
                 z = _mix(np.uint64(offset + i), key)
                 h2 = (z >> _S32) | _ONE
-                w = _sign_word(z)
                 u = z & _M32
                 hits = 0
                 for j in range(rows):
+                    b = (u * ucols) >> _S32
+                    hits += np.int64((mask[j, b >> _S6] >> (b & _S63)) & _ONE)
+                    u = (u + h2) & _M32
+                if hits < need:
+                    continue
+                w = _sign_word(z)
+                u = z & _M32
+                for j in range(rows):
                     v = table[j, (u * ucols) >> _S32]
-                    hits += abs(v) >= t
                     buf[j] = -v if _row_sign(w, j) else v
                     u = (u + h2) & _M32
-                if hits < rows - first + 1:
-                    continue
                 e = _median(buf, rows)
                 a = abs(e)
                 if a > t or (a == t and not strict):
@@ -265,17 +293,45 @@ def _abs_key(bits: np.uint32) -> np.int64:
     return _NAN_KEY if k > 0x7F800000 else k
 
 
+@njit(inline="always", cache=True)
+def _histogram_task(bits: np.ndarray, wk: int, workers: int, shift: int, pshift: int, prefix: int,
+                    hist: np.ndarray) -> None:
+    n = bits.shape[0]
+    for i in range(wk * n // workers, (wk + 1) * n // workers):
+        k = _abs_key(bits[i])
+        if (k >> pshift) == prefix:
+            hist[wk, (k >> shift) & (hist.shape[1] - 1)] += 1
+
+
 @njit(parallel=True, cache=True)
 def _histogram(bits: np.ndarray, workers: int, shift: int, nbins: int, pshift: int, prefix: int) -> np.ndarray:
     """Per worker, the histogram of digit (key >> shift) & (nbins-1) over keys with key >> pshift == prefix."""
-    n = bits.shape[0]
     hist = np.zeros((workers, nbins), np.int64)
     for wk in prange(workers):
-        for i in range(wk * n // workers, (wk + 1) * n // workers):
-            k = _abs_key(bits[i])
-            if (k >> pshift) == prefix:
-                hist[wk, (k >> shift) & (nbins - 1)] += 1
+        _histogram_task(bits, wk, workers, shift, pshift, prefix, hist)
     return hist
+
+
+@njit(cache=True)
+def _histogram_serial(bits: np.ndarray, workers: int, shift: int, nbins: int, pshift: int, prefix: int) -> np.ndarray:
+    hist = np.zeros((workers, nbins), np.int64)
+    for wk in range(workers):
+        _histogram_task(bits, wk, workers, shift, pshift, prefix, hist)
+    return hist
+
+
+@njit(inline="always", cache=True)
+def _collect_task(bits: np.ndarray, wk: int, workers: int, shift: int, prefix: int, s: int, t: int,
+                  sure: np.ndarray, ties: np.ndarray, max_ties: int) -> None:
+    n = bits.shape[0]
+    for i in range(wk * n // workers, (wk + 1) * n // workers):
+        d = _abs_key(bits[i]) >> shift
+        if d > prefix:
+            sure[s] = i
+            s += 1
+        elif d == prefix and t < max_ties:
+            ties[t] = i
+            t += 1
 
 
 @njit(parallel=True, cache=True)
@@ -283,18 +339,15 @@ def _collect(bits: np.ndarray, workers: int, shift: int, prefix: int, sure_at: n
              sure: np.ndarray, ties: np.ndarray, max_ties: int) -> None:
     """Writes the indices with key >> shift above ``prefix`` into ``sure`` and equal to it into
     ``ties`` (up to max_ties), each worker from its offsets: ascending index order."""
-    n = bits.shape[0]
     for wk in prange(workers):
-        s = sure_at[wk]
-        t = tie_at[wk]
-        for i in range(wk * n // workers, (wk + 1) * n // workers):
-            d = _abs_key(bits[i]) >> shift
-            if d > prefix:
-                sure[s] = i
-                s += 1
-            elif d == prefix and t < max_ties:
-                ties[t] = i
-                t += 1
+        _collect_task(bits, wk, workers, shift, prefix, sure_at[wk], tie_at[wk], sure, ties, max_ties)
+
+
+@njit(cache=True)
+def _collect_serial(bits: np.ndarray, workers: int, shift: int, prefix: int, sure_at: np.ndarray,
+                    tie_at: np.ndarray, sure: np.ndarray, ties: np.ndarray, max_ties: int) -> None:
+    for wk in range(workers):
+        _collect_task(bits, wk, workers, shift, prefix, sure_at[wk], tie_at[wk], sure, ties, max_ties)
 
 
 @njit(cache=True)
@@ -334,10 +387,12 @@ def top_abs(x: np.ndarray, count: int) -> np.ndarray:
 def _top_keys(bits: np.ndarray, count: int, level: int, pshift: int, prefix: int) -> np.ndarray:
     """top_abs on float bits whose keys all satisfy key >> pshift == prefix, from digit ``level``."""
     workers = max(1, min(numba.get_num_threads(), bits.shape[0] // 4096))
+    serial = workers == 1 or bits.shape[0] < _SERIAL_BELOW
+    histogram, collect = (_histogram_serial, _collect_serial) if serial else (_histogram, _collect)
     need = count
     sure_per_worker = np.zeros(workers, np.int64)
     for shift, nbits in _LEVELS[level:]:
-        hist = _histogram(bits, workers, shift, 1 << nbits, pshift, prefix)
+        hist = histogram(bits, workers, shift, 1 << nbits, pshift, prefix)
         above = np.cumsum(hist.sum(axis=0)[::-1])[::-1]  # above[d]: keys with this digit >= d
         digit = int(np.flatnonzero(above >= need)[-1])
         higher = hist[:, digit + 1:].sum(axis=1)
@@ -351,7 +406,7 @@ def _top_keys(bits: np.ndarray, count: int, level: int, pshift: int, prefix: int
     max_ties = need if shift == 0 else int(in_bucket.sum())
     sure = np.empty(count - need, np.int64)
     ties = np.empty(max_ties, np.int64)
-    _collect(bits, workers, pshift, prefix, _exclusive_cumsum(sure_per_worker), _exclusive_cumsum(in_bucket),
+    collect(bits, workers, pshift, prefix, _exclusive_cumsum(sure_per_worker), _exclusive_cumsum(in_bucket),
              sure, ties, max_ties)
     if shift != 0:
         ties = ties[_top_keys(bits[ties], need, level, pshift, prefix)]

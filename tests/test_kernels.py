@@ -211,7 +211,7 @@ def test_tables_equal_the_sequential_reference(backend, rows):
 def test_numba_tables_do_not_depend_on_the_thread_count():
     import numba
 
-    keys, vec = hash_keys(1), heavy_tailed(20_000, 3)
+    keys, vec = hash_keys(1), heavy_tailed(100_000, 3)  # 3 rows x 100k: the parallel kernel
     tables = []
     for threads in (1, numba.config.NUMBA_NUM_THREADS):
         numba.set_num_threads(threads)
@@ -337,7 +337,8 @@ def top_abs_cases() -> list[np.ndarray]:
     mixed[600:610] = -0.0
     # >2^16 values with one top digit: forces the lower digits of the radix select
     narrow = (1.0 + rng.integers(0, 2**12, 70_000) * 2.0**-23).astype(np.float32)
-    return [mixed, narrow, np.full(5000, -3.0, np.float32), heavy_tailed(30_000, 8)]
+    # 300k: the parallel histogram and collect passes (smaller inputs run serially)
+    return [mixed, narrow, np.full(5000, -3.0, np.float32), heavy_tailed(300_000, 8)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
