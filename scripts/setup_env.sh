@@ -62,7 +62,11 @@ if ! "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VE
 fi
 
 log "pip install -e $ROOT"
-pip_quiet install -q --no-build-isolation --no-deps -e "$ROOT"
+# setuptools warns about every editable install with a package_dir mapping (kernels/ is
+# installed as gs_horovod.kernels): keep its output, shown only if the install fails
+if ! out="$("$PY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT" 2>&1)"; then
+  echo "$out" >&2; exit 1
+fi
 
 # the build check imports TensorFlow in subprocesses, whose C++ start-up log lines ignore
 # TF_CPP_MIN_LOG_LEVEL: keep them with the check's output, shown only if the check fails
