@@ -14,8 +14,9 @@ Horovod one float, and each ``decompress`` reads its slice of that variable (Ten
 the reads after the write: they use the same resource).
 
 State (residual and momentum per variable path, and per optimizer the step count) is tracked
-by this ``tf.Module``: put it in a ``tf.train.Checkpoint(..., compression=gs)`` to save and
-restore it. ``merge="mpi"`` runs the sketch merge and the exact round as
+by this ``tf.Module``: ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's (one
+file per rank); ``state_dict()`` / ``load_state_dict()`` gather every rank's on rank 0 and
+hand it back, for Horovod's one file written by rank 0. ``merge="mpi"`` runs the sketch merge and the exact round as
 :func:`gs_horovod.mpi.tree_allreduce` over mpi4py (``tf.numpy_function``).
 """
 

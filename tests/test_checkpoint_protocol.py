@@ -1,0 +1,93 @@
+"""The checkpoint protocol of gs_horovod.compressor (gather to rank 0, scatter back, errors
+raised on every rank) on P threads whose alltoall of bytes meets at a barrier; the real
+Horovod runs are in tests/test_checkpoints.py."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import pytest
+
+from gs_horovod.compressor import gather_state, options_difference, scatter_state
+
+OPTIONS = {"ratio": 0.05, "seed": 0}
+
+
+class Alltoall:
+    """An alltoall of bytes between ``size`` threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.barrier = size, threading.Barrier(size)
+        self.slots: list[list[bytes]] = [[] for _ in range(size)]
+
+    def of(self, rank: int) -> Callable[[list[bytes]], list[bytes]]:
+        def exchange(out: list[bytes]) -> list[bytes]:
+            assert len(out) == self.size
+            self.slots[rank] = out
+            self.barrier.wait()
+            received = [self.slots[src][rank] for src in range(self.size)]
+            self.barrier.wait()
+            return received
+
+        return exchange
+
+
+def on_ranks(size: int, fn: Callable[[int, Callable], Any]) -> list[Any]:
+    """``fn(rank, exchange)`` on ``size`` threads: each rank's result or the exception it raised."""
+    group, results = Alltoall(size), [None] * size
+
+    def main(rank: int) -> None:
+        try:
+            results[rank] = fn(rank, group.of(rank))
+        except Exception as e:  # noqa: BLE001 - returned for the test to inspect
+            results[rank] = e
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a rank was left waiting in a collective"
+    return results
+
+
+def local(rank: int, size: int, options: dict = OPTIONS) -> dict:
+    return {"options": options, "world_size": size, "rank": rank, "tensors": {"w": [rank] * 3}}
+
+
+def test_gather_then_scatter_hands_each_rank_its_own_state():
+    saved = on_ranks(3, lambda r, ex: gather_state(local(r, 3), ex, r, 3))
+    assert saved[1] is None and saved[2] is None
+    assert saved[0]["world_size"] == 3 and [p["tensors"]["w"] for p in saved[0]["ranks"]] == [[0] * 3, [1] * 3, [2] * 3]
+    back = on_ranks(3, lambda r, ex: scatter_state(saved[0] if r == 0 else None, ex, r, 3, OPTIONS))
+    assert back == [local(r, 3) for r in range(3)]
+
+
+def test_another_world_size_fails_on_every_rank():
+    saved = on_ranks(2, lambda r, ex: gather_state(local(r, 2), ex, r, 2))[0]
+    errors = on_ranks(3, lambda r, ex: scatter_state(saved if r == 0 else None, ex, r, 3, OPTIONS))
+    assert all(isinstance(e, ValueError) for e in errors)
+    assert {str(e) for e in errors} == {"GsSketch state was saved by 2 ranks, this job has 3: residuals are per "
+                                        "rank, so resume with 2 ranks, or leave the GsSketch state out to start "
+                                        "residuals from zero"}
+
+
+def test_options_that_differ_on_one_rank_fail_on_every_rank_naming_it():
+    saved = on_ranks(3, lambda r, ex: gather_state(local(r, 3), ex, r, 3))[0]
+    mine = [OPTIONS, {**OPTIONS, "ratio": 0.1}, OPTIONS]
+    errors = on_ranks(3, lambda r, ex: scatter_state(saved if r == 0 else None, ex, r, 3, mine[r]))
+    assert {str(e) for e in errors} == {"GsSketch state was saved with different options: ratio=0.05 saved, "
+                                        "0.1 now (on rank(s) [1] of 3)"}
+
+
+@pytest.mark.parametrize("bad, text", [(None, "rank 0 passed None"), (local(0, 2), "this is one rank's state")])
+def test_rank0_passing_nothing_or_a_local_state_fails_on_every_rank(bad, text):
+    errors = on_ranks(2, lambda r, ex: scatter_state(bad if r == 0 else None, ex, r, 2, OPTIONS))
+    assert all(isinstance(e, ValueError) and text in str(e) for e in errors)
+
+
+def test_options_difference_names_each_option():
+    diff = options_difference({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4})
+    assert diff == "b=2 saved, 3 now; c='<absent>' saved, 4 now"
+    assert options_difference(OPTIONS, dict(OPTIONS)) == ""
