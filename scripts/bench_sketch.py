@@ -32,6 +32,7 @@ from typing import Callable
 import numba
 import torch
 
+from gs_horovod.gs_sgd import GsConfig
 from gs_horovod.kernels import torch_ops
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 
@@ -185,10 +186,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--log2-size", type=int, nargs="+", default=[24, 26])
     p.add_argument("--ratio", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--rows", type=int, default=3)
-    p.add_argument("--width", type=float, default=2.0, help="cols = ceil(width · k)")
-    p.add_argument("--candidates", type=int, default=2, help="m: heavy_hitters returns m·k")
-    p.add_argument("--prefilter", type=float, default=1.0, help="L: the pre-filter keeps L·k")
+    shipped = GsConfig()  # GsSketch's defaults
+    p.add_argument("--rows", type=int, default=shipped.rows)
+    p.add_argument("--width", type=float, default=shipped.width, help="cols = ceil(width · k)")
+    p.add_argument("--candidates", type=int, default=shipped.candidates, help="m: heavy_hitters returns m·k")
+    p.add_argument("--prefilter", type=float, default=float(shipped.prefilter), help="L: the pre-filter keeps L·k")
     p.add_argument("--ranks", type=int, default=16, help="P: ranks summed into the merged table")
     p.add_argument("--backend", default="numba", choices=["numba", "torch", "cuda"])
     p.add_argument("--reps", type=int, default=7)
