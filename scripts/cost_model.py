@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from gs_horovod.gs_sgd import GsConfig
+
 Collectives = list[tuple[str, float]]
 
 
@@ -262,10 +264,12 @@ def main() -> None:
     p.add_argument("--validate", type=Path, metavar="RESULTS_JSONL", help="predict bench_throughput.sh's runs")
     p.add_argument("--project", action="store_true", help="project steps/s to P = 8 … 1024")
     p.add_argument("--ratio", type=float, default=0.001, help="k / D for the whole model (every method)")
-    p.add_argument("--rows", type=int, default=3, help="gs sketch rows (provisional default)")
-    p.add_argument("--width", type=float, default=2.0, help="gs sketch columns / k (provisional default)")
-    p.add_argument("--candidates", type=int, default=2, help="gs candidate values per k (provisional default)")
-    p.add_argument("--sketch-bytes", type=int, choices=(2, 4), default=2, help="2: float16 sketch, 4: float32")
+    shipped = GsConfig()  # GsSketch's defaults
+    p.add_argument("--rows", type=int, default=shipped.rows, help="gs sketch rows")
+    p.add_argument("--width", type=float, default=shipped.width, help="gs sketch columns / k")
+    p.add_argument("--candidates", type=int, default=shipped.candidates, help="gs candidate values per k")
+    p.add_argument("--sketch-bytes", type=int, choices=(2, 4), default=2 if shipped.sketch_dtype == "float16" else 4,
+                   help="2: float16 sketch, 4: float32")
     p.add_argument("--alpha", type=float, default=5e-6, help="projection: per-round latency in s (ASSUMED)")
     p.add_argument("--gpu-bandwidth", type=float, default=1.0e12,
                    help="projection: effective GPU memory bandwidth in bytes/s for compression kernels (ASSUMED)")
