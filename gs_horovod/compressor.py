@@ -159,3 +159,36 @@ def scatter_state(state: Any, exchange: Exchange, rank: int, size: int, options:
         where = "" if len(failed) == size and len(set(errors)) == 1 else f" (on rank(s) {failed} of {size})"
         raise ValueError(first + where)
     return part
+
+
+class Checkpoints:
+    """The checkpoint API of both compressors, written once. An adapter provides ``_hvd`` (its
+    horovod module), ``_exchange(out)`` (an :data:`Exchange` over Horovod's alltoall),
+    ``local_state_dict()``, ``_load(state)`` and ``_options()``."""
+
+    _hvd: Any
+
+    @DefaultInstanceMethod
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        """Collective (call it on every rank, at the same point; eagerly under TF): the state of
+        ALL ranks, gathered on rank 0, which saves it as Horovod's examples save the model; None
+        on the other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict()
+        of rank 0, 1, ...]}``."""
+        return gather_state(self.local_state_dict(), self._exchange, self._hvd.rank(), self._hvd.size())
+
+    @DefaultInstanceMethod
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
+        its file), the other ranks None (what they pass is not read); each rank gets its own
+        residuals back, now or when its state is first created. A state of another world size
+        or other options raises ValueError on every rank."""
+        self._load(scatter_state(state, self._exchange, self._hvd.rank(), self._hvd.size(), self._options()))
+
+    @DefaultInstanceMethod
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Not collective: restores what ``local_state_dict`` saved on this rank. The options and
+        the world size must be the ones it was saved with (ValueError naming what differs)."""
+        error = check_local_state(state, self._options(), self._hvd.size())
+        if error:
+            raise ValueError(error)
+        self._load(state)

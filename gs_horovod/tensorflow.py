@@ -34,15 +34,13 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
 from .compressor import (
+    Checkpoints,
     DefaultInstance,
     DefaultInstanceAttribute,
     DefaultInstanceMethod,
     DefaultInstanceProperty,
-    check_local_state,
     check_merge,
     config_from,
-    gather_state,
-    scatter_state,
 )
 from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import tf_ops
@@ -247,10 +245,11 @@ class _Traced:
     contexts: dict[int, _Ctx] = {}
 
 
-class GsSketch(DefaultInstance, Compressor, tf.Module):
+class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
     (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
 
+    _hvd = hvd
     config = DefaultInstanceAttribute()
     merge = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
@@ -302,21 +301,6 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         return CommStats(**{name: int(v.numpy()) for name, v in self._counters.values.items()})
 
     @DefaultInstanceMethod
-    def state_dict(self) -> Optional[dict[str, Any]]:
-        """Collective (call it eagerly on every rank, at the same point): the state of ALL
-        ranks, gathered on rank 0, which saves it (one file); None on the other ranks.
-        ``{"format", "world_size", "options", "ranks": [local_state_dict() of rank 0, 1, ...]}``."""
-        return gather_state(self.local_state_dict(), _exchange, hvd.rank(), hvd.size())
-
-    @DefaultInstanceMethod
-    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
-        """Collective (eagerly, every rank): rank 0 passes what :meth:`state_dict` returned,
-        the other ranks None (not read); each rank gets its own residuals back, assigned to its
-        variables now or when they are created at the first step. A state of another world
-        size or other options raises ValueError on every rank."""
-        self._load(scatter_state(state, _exchange, hvd.rank(), hvd.size(), self._options()))
-
-    @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
         """Not collective: this rank's own state as numpy arrays, for one file per rank.
         ``{"options", "world_size", "rank", "variables": {path: {"residual", "momentum"}},
@@ -330,14 +314,16 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(),
                 "variables": variables, "steps": steps}
 
-    @DefaultInstanceMethod
-    def load_local_state_dict(self, state: dict[str, Any]) -> None:
-        """Not collective: restores what :meth:`local_state_dict` saved on this rank (same
-        options and world size, else ValueError naming what differs)."""
-        error = check_local_state(state, self._options(), hvd.size())
-        if error:
-            raise ValueError(error)
-        self._load(state)
+    @staticmethod
+    def _exchange(out: list[bytes]) -> list[bytes]:
+        """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits, eagerly); returns
+        what each rank sent here, in rank order."""
+        data = tf.constant(np.frombuffer(b"".join(out), dtype=np.uint8))
+        received, splits = hvd.alltoall(data, splits=tf.constant([len(b) for b in out], tf.int32),
+                                        name="gs_horovod.checkpoint")
+        buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
+        ends = np.cumsum(sizes).tolist()
+        return [buf[end - n:end] for n, end in zip(sizes, ends)]
 
     @DefaultInstanceMethod
     def reset(self) -> None:
@@ -464,16 +450,6 @@ class GsSketch(DefaultInstance, Compressor, tf.Module):
                         st.momentum.assign(saved[1])
         return st
 
-
-def _exchange(out: list[bytes]) -> list[bytes]:
-    """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits, eagerly); returns
-    what each rank sent here, in rank order."""
-    data = tf.constant(np.frombuffer(b"".join(out), dtype=np.uint8))
-    received, splits = hvd.alltoall(data, splits=tf.constant([len(b) for b in out], tf.int32),
-                                    name="gs_horovod.checkpoint")
-    buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
-    ends = np.cumsum(sizes).tolist()
-    return [buf[end - n:end] for n, end in zip(sizes, ends)]
 
 
 def _path(var: Any) -> str:

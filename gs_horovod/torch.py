@@ -34,14 +34,12 @@ import torch
 from horovod.torch.compression import Compressor
 
 from .compressor import (
+    Checkpoints,
     DefaultInstance,
     DefaultInstanceAttribute,
     DefaultInstanceMethod,
-    check_local_state,
     check_merge,
     config_from,
-    gather_state,
-    scatter_state,
 )
 from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
 from .kernels import torch_ops
@@ -266,7 +264,7 @@ class _Ctx:
     dtype: torch.dtype
 
 
-class GsSketch(DefaultInstance, Compressor):
+class GsSketch(DefaultInstance, Checkpoints, Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
 
     Floating-point gradients of at least ``min_size`` elements go through the engine (in
@@ -279,6 +277,7 @@ class GsSketch(DefaultInstance, Compressor):
     MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``); ``merge_stats`` counts its traffic.
     """
 
+    _hvd = hvd
     config = DefaultInstanceAttribute()
     merge = DefaultInstanceAttribute()
     stats = DefaultInstanceAttribute()
@@ -327,22 +326,6 @@ class GsSketch(DefaultInstance, Compressor):
         return binding.updates.pop(ctx.name).view(ctx.shape).to(ctx.dtype)
 
     @DefaultInstanceMethod
-    def state_dict(self) -> Optional[dict[str, Any]]:
-        """Collective (call it on every rank, at the same point): the state of ALL ranks,
-        gathered on rank 0, which saves it as Horovod's examples save the model; None on the
-        other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict() of
-        rank 0, 1, ...]}``; tensors are on the CPU."""
-        return gather_state(self.local_state_dict(), _exchange, hvd.rank(), hvd.size())
-
-    @DefaultInstanceMethod
-    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
-        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
-        its file), the other ranks None (what they pass is not read); each rank gets its own
-        residuals back. Restored now, or for optimizers not seen yet at their first compress.
-        A state of another world size or other options raises ValueError on every rank."""
-        self._load(scatter_state(state, _exchange, hvd.rank(), hvd.size(), self._options()))
-
-    @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
         """Not collective: this rank's own state, for one file per rank. ``{"options",
         "world_size", "rank", "tensors": {name: {"residual", "momentum", "steps"}}}``: per
@@ -354,15 +337,16 @@ class GsSketch(DefaultInstance, Compressor):
                 tensors[name] = {"residual": residual, "momentum": binding.momenta.get(name), "steps": binding.steps}
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(), "tensors": tensors}
 
-    @DefaultInstanceMethod
-    def load_local_state_dict(self, state: dict[str, Any]) -> None:
-        """Not collective: restores what :meth:`local_state_dict` saved on this rank. The
-        options and the world size must be the ones it was saved with (ValueError naming what
-        differs)."""
-        error = check_local_state(state, self._options(), hvd.size())
-        if error:
-            raise ValueError(error)
-        self._load(state)
+    @staticmethod
+    def _exchange(out: list[bytes]) -> list[bytes]:
+        """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits); returns what each
+        rank sent here, in rank order."""
+        data = np.frombuffer(b"".join(out), dtype=np.uint8).copy()
+        received, splits = hvd.alltoall(torch.from_numpy(data), splits=torch.tensor([len(b) for b in out],
+                                        dtype=torch.int32), name="gs_horovod.checkpoint")
+        ends = np.cumsum(splits.numpy())
+        buf = received.numpy().tobytes()
+        return [buf[end - n:end] for n, end in zip(splits.tolist(), ends.tolist())]
 
     @DefaultInstanceMethod
     def reset(self) -> None:
@@ -418,16 +402,6 @@ class GsSketch(DefaultInstance, Compressor):
             self._restore(binding)
         return binding
 
-
-def _exchange(out: list[bytes]) -> list[bytes]:
-    """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits); returns what each
-    rank sent here, in rank order."""
-    data = np.frombuffer(b"".join(out), dtype=np.uint8).copy()
-    received, splits = hvd.alltoall(torch.from_numpy(data), splits=torch.tensor([len(b) for b in out],
-                                    dtype=torch.int32), name="gs_horovod.checkpoint")
-    ends = np.cumsum(splits.numpy())
-    buf = received.numpy().tobytes()
-    return [buf[end - n:end] for n, end in zip(splits.tolist(), ends.tolist())]
 
 
 def _calling_optimizer(compressor: GsSketch) -> Any:
