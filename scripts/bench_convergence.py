@@ -1,13 +1,14 @@
-"""Convergence of every method on the MNIST-5k CNN (``scripts/train_torch.py``): held-out
-accuracy against steps and against cumulative bytes, over several seeds, at a fixed step
-budget (the same epochs for every method), at k = 1/100 and 1/1000.
+"""Convergence of every method at a fixed step budget, k = 1/100 and 1/1000, over several
+seeds: held-out accuracy (MNIST-5k CNN, ``scripts/train_torch.py``) or per-byte perplexity
+(stdlib-source LSTM, ``scripts/train_lm.py``) against steps and against cumulative bytes.
 
-    python scripts/bench_convergence.py --out-dir docs                # full matrix (long)
-    python scripts/bench_convergence.py --quick --out-dir /tmp/conv   # a smoke subset
+    python scripts/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
+    python scripts/bench_convergence.py --model lm --hidden 512 --out-dir docs
+    python scripts/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
 
-Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of train_torch.py;
-writes ``convergence_cnn.json``, ``convergence_cnn.png`` and a Markdown table (mean ± half
-the range over seeds) to stdout. A run that fails (e.g. a GsSketch option the installed engine
+Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of the model's script;
+writes ``convergence_<model>.json``, ``convergence_<model>.png`` and a Markdown table (mean ±
+half the range over seeds) to stdout. A run that fails (e.g. a GsSketch option the installed engine
 does not have yet) is reported and left out, the others go on.
 
 Methods: dense and fp16 (Horovod's), gs global and gs layer (GsSketch with ``scope="global"``
@@ -37,6 +38,12 @@ METHODS = {
     "powersgd": ("powersgd", []),
 }
 UNCOMPRESSED = ("dense", "fp16")
+# model: (script, its --model flag if any, held-out metric)
+WORKLOADS = {
+    "cnn": ("scripts/train_torch.py", ["--model", "cnn"], "accuracy"),
+    "mlp": ("scripts/train_torch.py", ["--model", "mlp"], "accuracy"),
+    "lm": ("scripts/train_lm.py", [], "perplexity"),
+}
 QUICK = {"methods": ["dense", "gs", "topk"], "ratios": [0.01], "seeds": [0], "epochs": 2}
 
 
@@ -45,10 +52,14 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "h.json")
         launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        script, model, _ = WORKLOADS[args.model]
+        budget = (["--steps", str(args.steps), "--eval-every", str(args.eval_every)] if args.model == "lm"
+                  else ["--epochs", str(args.epochs)])
         cmd = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
-               "--gloo-timeout-seconds", "300", sys.executable, str(ROOT / "scripts/train_torch.py"),
-               "--model", args.model, "--compression", compression, "--epochs", str(args.epochs),
-               "--seed", str(seed), "--json", out, *extra]
+               "--gloo-timeout-seconds", "300", sys.executable, str(ROOT / script), *model, *budget,
+               "--compression", compression, "--seed", str(seed), "--json", out, *extra]
+        if args.hidden is not None:
+            cmd += ["--hidden", str(args.hidden)]
         if label not in UNCOMPRESSED:
             cmd += ["--ratio", str(ratio)]
         env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
@@ -56,16 +67,16 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
         return json.loads(Path(out).read_text())
 
 
-def curves(result: dict) -> tuple[list[int], list[float], list[float]]:
-    """(cumulative steps, cumulative MB per rank, accuracy) per epoch of one run."""
+def curves(result: dict, metric: str) -> tuple[list[int], list[float], list[float]]:
+    """(cumulative steps, cumulative MB per rank, held-out metric) per evaluation of one run."""
     h = result["history"]
     steps = [e["epoch"] * e["steps"] for e in h]
-    return steps, [s * e["bytes_per_step"] / 1e6 for s, e in zip(steps, h)], [e["accuracy"] for e in h]
+    return steps, [s * e["bytes_per_step"] / 1e6 for s, e in zip(steps, h)], [e[metric] for e in h]
 
 
-def plot(runs: dict, path: Path, title: str) -> None:
-    """Accuracy vs steps and vs cumulative MB: mean over seeds, min–max band; a colour per
-    method, solid k = 1/100, dashed k = 1/1000."""
+def plot(runs: dict, path: Path, title: str, metric: str) -> None:
+    """The metric vs steps and vs cumulative MB: mean over seeds, min–max band; a colour per
+    method, solid k = 1/100, dashed k = 1/1000 (perplexity on a log axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,15 +89,18 @@ def plot(runs: dict, path: Path, title: str) -> None:
         label, ratio = key.rsplit(" @ ", 1)
         colour = colours.setdefault(label, f"C{len(colours)}")
         style = "--" if ratio == "0.001" else "-"
-        per_seed = [curves(r) for r in seeds.values()]
+        per_seed = [curves(r, metric) for r in seeds.values()]
         steps = per_seed[0][0]
-        acc = np.array([c[2] for c in per_seed])
+        values = np.array([c[2] for c in per_seed])
         mb = np.mean([c[1] for c in per_seed], axis=0)
         for ax, x in ((axes[0], steps), (axes[1], mb)):
-            ax.plot(x, acc.mean(0), style, color=colour, label=key)
-            ax.fill_between(x, acc.min(0), acc.max(0), color=colour, alpha=0.15)
-    axes[0].set(xlabel="steps", ylabel="held-out accuracy")
-    axes[1].set(xlabel="MB handed to collectives per rank (cumulative)", ylabel="held-out accuracy", xscale="log")
+            ax.plot(x, values.mean(0), style, color=colour, label=key)
+            ax.fill_between(x, values.min(0), values.max(0), color=colour, alpha=0.15)
+    axes[0].set(xlabel="steps", ylabel=f"held-out {metric}")
+    axes[1].set(xlabel="MB handed to collectives per rank (cumulative)", ylabel=f"held-out {metric}", xscale="log")
+    if metric == "perplexity":
+        for ax in axes:
+            ax.set_yscale("log")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2)
@@ -95,12 +109,13 @@ def plot(runs: dict, path: Path, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def table(runs: dict) -> str:
-    lines = ["| method @ k/d | seeds | final accuracy (mean ± half range) | best accuracy (mean) | "
+def table(runs: dict, metric: str) -> str:
+    best_of = min if metric == "perplexity" else max
+    lines = [f"| method @ k/d | seeds | final {metric} (mean ± half range) | best {metric} (mean) | "
              "bytes/step/rank | seconds (mean) |", "|---|---|---|---|---|---|"]
     for key, seeds in runs.items():
-        finals = [r["history"][-1]["accuracy"] for r in seeds.values()]
-        bests = [max(e["accuracy"] for e in r["history"]) for r in seeds.values()]
+        finals = [r["history"][-1][metric] for r in seeds.values()]
+        bests = [best_of(e[metric] for e in r["history"]) for r in seeds.values()]
         sent = sum(r["history"][-1]["bytes_per_step"] for r in seeds.values()) / len(seeds)
         secs = sum(r["seconds"] for r in seeds.values()) / len(seeds)
         mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
@@ -109,11 +124,54 @@ def table(runs: dict) -> str:
     return "\n".join(lines)
 
 
+def at_bytes(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
+    """(mean metric, mean MB) over seeds at each run's last evaluation within ``mb`` cumulative
+    MB per rank; None when a run's first evaluation already sent more."""
+    points = []
+    for r in seeds.values():
+        _, sent, values = curves(r, metric)
+        within = [(v, m) for m, v in zip(sent, values) if m <= mb * (1 + 1e-9)]
+        if not within:
+            return None
+        points.append(within[-1])
+    return sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points)
+
+
+def headline(runs: dict, metric: str, reference: str = "gs global") -> str:
+    """``reference`` against dense at its final evaluation (accuracy: points; perplexity: %), and
+    every method at the same k at equal bytes: its metric when it had sent no more than the
+    reference's whole budget (mean over seeds)."""
+    lines = []
+    dense = runs.get("dense @ 1")
+    for key, seeds in runs.items():
+        label, ratio = key.rsplit(" @ ", 1)
+        if label != reference:
+            continue
+        final = sum(r["history"][-1][metric] for r in seeds.values()) / len(seeds)
+        budget = sum(curves(r, metric)[1][-1] for r in seeds.values()) / len(seeds)
+        if dense:
+            d = sum(r["history"][-1][metric] for r in dense.values()) / len(dense)
+            gap = (f"{100 * (final - d):+.2f} points" if metric == "accuracy"
+                   else f"{100 * (final / d - 1):+.1f} %")
+            lines.append(f"{key}: final {metric} {final:.4f}, dense {d:.4f} ({gap} against dense)")
+        lines.append(f"  at equal bytes (≤ {budget:.3g} MB per rank, {reference}'s whole budget):")
+        for other, peer in runs.items():
+            if other.rsplit(" @ ", 1)[1] != ratio or other == key:
+                continue
+            got = at_bytes(peer, metric, budget)
+            lines.append(f"    {other}: " + (f"{got[0]:.4f} after {got[1]:.3g} MB" if got
+                                            else "n/a (its first evaluation sent more)"))
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    p.add_argument("--model", choices=list(WORKLOADS), default="cnn")
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--epochs", type=int, default=10, help="the step budget: epochs × steps per epoch, every method")
+    p.add_argument("--epochs", type=int, default=10, help="cnn, mlp: the step budget, every method")
+    p.add_argument("--steps", type=int, default=200, help="lm: the step budget, every method")
+    p.add_argument("--eval-every", type=int, default=25, help="lm: steps between held-out perplexities")
+    p.add_argument("--hidden", type=int, help="the model's --hidden (default: the script's)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--methods", nargs="+", default=list(METHODS),
@@ -122,7 +180,8 @@ def main() -> None:
                    help=f"a smoke subset: {QUICK['methods']}, ratio {QUICK['ratios']}, seed {QUICK['seeds']}, "
                         f"{QUICK['epochs']} epochs")
     p.add_argument("--out-dir", default="docs")
-    p.add_argument("--plot-only", action="store_true", help="re-plot <out-dir>/convergence_<model>.json")
+    p.add_argument("--plot-only", action="store_true",
+                   help="table and plot again from <out-dir>/convergence_<model>.json")
     args = p.parse_args()
     if args.quick:
         args.methods, args.ratios, args.seeds, args.epochs = (QUICK["methods"], QUICK["ratios"], QUICK["seeds"],
@@ -130,9 +189,16 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = out / f"convergence_{args.model}.json"
-    title = f"MNIST-5k {args.model}, {args.ranks} ranks, {args.epochs} epochs (solid: k = 1/100, dashed: 1/1000)"
+    metric = WORKLOADS[args.model][2]
+    if args.model == "lm":
+        budget = f"LSTM LM on stdlib sources, {args.ranks} ranks, {args.steps} steps"
+    else:
+        budget = f"{'MNIST-5k CNN' if args.model == 'cnn' else 'digits MLP'}, {args.ranks} ranks, {args.epochs} epochs"
+    title = f"{budget} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:
-        plot(json.loads(data.read_text()), out / f"convergence_{args.model}.png", title)
+        runs = json.loads(data.read_text())
+        print(table(runs, metric) + "\n\n" + headline(runs, metric))
+        plot(runs, out / f"convergence_{args.model}.png", title, metric)
         return
     runs: dict[str, dict[str, dict]] = {}
     for label in args.methods:
@@ -147,8 +213,9 @@ def main() -> None:
                     print(f"[bench_convergence] {key} seed {seed} FAILED: {' / '.join(tail)}", file=sys.stderr)
     runs = {k: v for k, v in runs.items() if v}
     data.write_text(json.dumps(runs, indent=1))
-    print(table(runs))
-    plot(runs, out / f"convergence_{args.model}.png", title)
+    print(table(runs, metric))
+    print("\n" + headline(runs, metric))
+    plot(runs, out / f"convergence_{args.model}.png", title, metric)
 
 
 if __name__ == "__main__":

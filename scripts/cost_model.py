@@ -17,8 +17,9 @@ Two uses:
 ``--validate RESULTS.jsonl``: predicts the shaped runs of ``scripts/bench_throughput.sh``
 from what the same file holds: α and β from its ping-pong per rate; compute per (method,
 ranks) measured on this machine by the same run on unshaped links (its time per step less the
-model's communication time there); collectives as each run recorded them. Prints measured
-vs predicted steps/s and, as its LAST line, ``max_rel_error <x>``.
+model's communication time there); collectives as each run recorded them. Prints the measured
+steps/s per rank count (with gs-SGD's ratio to each method), then measured vs predicted
+steps/s and, as its LAST line, ``max_rel_error <x>``.
 
 ``--project``: steps/s for P = 8 … 1024 at 1, 10, 100 Gbit/s for a ResNet-50-sized (25.6M)
 and a BERT-large-sized (340M) model on GPU-class compute (ASSUMPTIONS, stated in
@@ -69,13 +70,35 @@ def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float
 # validation against the shaped runs
 
 
+def measured(runs: list[dict]) -> None:
+    """Prints the runs' steps/s, a table per rank count: a row per method, a column per link
+    setting (in the file's order), then gs-SGD's steps/s divided by the method's at each
+    shaped link (> 1: gs-SGD faster)."""
+    labels = list(dict.fromkeys(r["label"] for r in runs))
+    shaped = [label for label in labels if label != "local"]
+    for P in sorted({r["ranks"] for r in runs}):
+        at = {(r["method"], r["label"]): r for r in runs if r["ranks"] == P}
+        print(f"{P} ranks, steps/s:\n\n| method | payload bytes/step/rank | " + " | ".join(labels)
+              + "".join(f" | gs-SGD ÷ it, {label}" for label in shaped) + " |\n|---|---|"
+              + "---|" * (len(labels) + len(shaped)))
+        for m in (m for m in METHOD_NAMES if any(k[0] == m for k in at)):
+            payload = next(r["bytes_per_step"] for k, r in at.items() if k[0] == m)
+            cells = [f"{at[m, label]['steps_per_s']:.3f}" if (m, label) in at else "" for label in labels]
+            cells += [f"{at['gs', label]['steps_per_s'] / at[m, label]['steps_per_s']:.2f}"
+                      if m != "gs" and ("gs", label) in at and (m, label) in at else "" for label in shaped]
+            print(f"| {METHOD_NAMES[m]} | {payload:,.0f} | " + " | ".join(cells) + " |")
+        print()
+
+
 def validate(path: Path) -> float:
-    """Predicts every shaped run in ``path``; prints a table and returns the largest relative
-    error of steps/s. Compute per (method, ranks) = the unshaped ("local") run's time per step
-    minus what the model gives for its collectives on the unshaped link."""
+    """Prints the measured steps/s (:func:`measured`), then predicts every shaped run in
+    ``path``; prints a table and returns the largest relative error of steps/s. Compute per
+    (method, ranks) = the unshaped ("local") run's time per step minus what the model gives for
+    its collectives on the unshaped link."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     links = {r["label"]: (r["alpha_s"], r["beta_bytes_per_s"]) for r in rows if r.get("kind") == "pingpong"}
     runs = [r for r in rows if r.get("kind") == "run"]
+    measured(runs)
     compute = {}
     for r in runs:
         if r["label"] == "local":

@@ -173,9 +173,10 @@ def perplexity(model: torch.nn.Module, data: np.ndarray, seq: int = 128, max_win
     was_training = model.training
     model.eval()
     total = 0.0
-    for chunk in windows.split(batch):
-        logits = model(chunk[:, :-1])
-        total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1),
-                                                   reduction="sum").item()
+    with torch.no_grad():
+        for chunk in windows.split(batch):
+            logits = model(chunk[:, :-1])
+            total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                       chunk[:, 1:].reshape(-1), reduction="sum").item()
     model.train(was_training)
     return math.exp(total / (n * seq))
