@@ -38,13 +38,26 @@ METHODS = {
     "powersgd": ("powersgd", []),
 }
 UNCOMPRESSED = ("dense", "fp16")
-# model: (script, its --model flag if any, held-out metric)
+# model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
-    "cnn": ("scripts/train_torch.py", ["--model", "cnn"], "accuracy"),
-    "mlp": ("scripts/train_torch.py", ["--model", "mlp"], "accuracy"),
-    "lm": ("scripts/train_lm.py", [], "perplexity"),
+    "cnn": ("MNIST-5k CNN", "scripts/train_torch.py", ["--model", "cnn"], "accuracy"),
+    "mlp": ("digits MLP", "scripts/train_torch.py", ["--model", "mlp"], "accuracy"),
+    "lm": ("LSTM LM on stdlib sources", "scripts/train_lm.py", [], "perplexity"),
 }
 QUICK = {"methods": ["dense", "gs", "topk"], "ratios": [0.01], "seeds": [0], "epochs": 2}
+
+
+def budget(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The step budget as the model's script takes it, and in words: steps for the LM, epochs
+    for the others."""
+    if args.model == "lm":
+        return ["--steps", str(args.steps), "--eval-every", str(args.eval_every)], f"{args.steps} steps"
+    return ["--epochs", str(args.epochs)], f"{args.epochs} epochs"
+
+
+def final(seeds: dict, metric: str) -> float:
+    """The metric at the last evaluation, mean over seeds."""
+    return sum(r["history"][-1][metric] for r in seeds.values()) / len(seeds)
 
 
 def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
@@ -52,11 +65,9 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "h.json")
         launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-        script, model, _ = WORKLOADS[args.model]
-        budget = (["--steps", str(args.steps), "--eval-every", str(args.eval_every)] if args.model == "lm"
-                  else ["--epochs", str(args.epochs)])
+        _, script, model, _ = WORKLOADS[args.model]
         cmd = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
-               "--gloo-timeout-seconds", "300", sys.executable, str(ROOT / script), *model, *budget,
+               "--gloo-timeout-seconds", "300", sys.executable, str(ROOT / script), *model, *budget(args)[0],
                "--compression", compression, "--seed", str(seed), "--json", out, *extra]
         if args.hidden is not None:
             cmd += ["--hidden", str(args.hidden)]
@@ -147,18 +158,17 @@ def headline(runs: dict, metric: str, reference: str = "gs global") -> str:
         label, ratio = key.rsplit(" @ ", 1)
         if label != reference:
             continue
-        final = sum(r["history"][-1][metric] for r in seeds.values()) / len(seeds)
-        budget = sum(curves(r, metric)[1][-1] for r in seeds.values()) / len(seeds)
+        last, sent = final(seeds, metric), sum(curves(r, metric)[1][-1] for r in seeds.values()) / len(seeds)
         if dense:
-            d = sum(r["history"][-1][metric] for r in dense.values()) / len(dense)
-            gap = (f"{100 * (final - d):+.2f} points" if metric == "accuracy"
-                   else f"{100 * (final / d - 1):+.1f} %")
-            lines.append(f"{key}: final {metric} {final:.4f}, dense {d:.4f} ({gap} against dense)")
-        lines.append(f"  at equal bytes (≤ {budget:.3g} MB per rank, {reference}'s whole budget):")
+            d = final(dense, metric)
+            gap = (f"{100 * (last - d):+.2f} points" if metric == "accuracy"
+                   else f"{100 * (last / d - 1):+.1f} %")
+            lines.append(f"{key}: final {metric} {last:.4f}, dense {d:.4f} ({gap} against dense)")
+        lines.append(f"  at equal bytes (≤ {sent:.3g} MB per rank, {reference}'s whole budget):")
         for other, peer in runs.items():
             if other.rsplit(" @ ", 1)[1] != ratio or other == key:
                 continue
-            got = at_bytes(peer, metric, budget)
+            got = at_bytes(peer, metric, sent)
             lines.append(f"    {other}: " + (f"{got[0]:.4f} after {got[1]:.3g} MB" if got
                                             else "n/a (its first evaluation sent more)"))
     return "\n".join(lines)
@@ -169,8 +179,8 @@ def main() -> None:
     p.add_argument("--model", choices=list(WORKLOADS), default="cnn")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--epochs", type=int, default=10, help="cnn, mlp: the step budget, every method")
-    p.add_argument("--steps", type=int, default=200, help="lm: the step budget, every method")
-    p.add_argument("--eval-every", type=int, default=25, help="lm: steps between held-out perplexities")
+    p.add_argument("--steps", type=int, default=120, help="lm: the step budget, every method")
+    p.add_argument("--eval-every", type=int, default=20, help="lm: steps between held-out perplexities")
     p.add_argument("--hidden", type=int, help="the model's --hidden (default: the script's)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
@@ -189,12 +199,8 @@ def main() -> None:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = out / f"convergence_{args.model}.json"
-    metric = WORKLOADS[args.model][2]
-    if args.model == "lm":
-        budget = f"LSTM LM on stdlib sources, {args.ranks} ranks, {args.steps} steps"
-    else:
-        budget = f"{'MNIST-5k CNN' if args.model == 'cnn' else 'digits MLP'}, {args.ranks} ranks, {args.epochs} epochs"
-    title = f"{budget} (solid: k = 1/100, dashed: 1/1000)"
+    name, _, _, metric = WORKLOADS[args.model]
+    title = f"{name}, {args.ranks} ranks, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:
         runs = json.loads(data.read_text())
         print(table(runs, metric) + "\n\n" + headline(runs, metric))
