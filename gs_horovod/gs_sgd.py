@@ -45,6 +45,12 @@ SKETCH_DTYPES = ("float16", "float32")
 DEFAULT_RATIO = 0.01
 
 
+def count_for(ratio: float, n: int) -> int:
+    """Coordinates applied per step at ``ratio`` for a group of n: ceil(ratio · n), in [1, n]
+    (the rule of every method, gs-SGD and the baselines alike)."""
+    return min(n, max(1, math.ceil(ratio * n)))
+
+
 def _check_number(name: str, value: Any, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
         raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {type(value).__name__}")
@@ -134,8 +140,7 @@ class GsConfig:
         """Coordinates applied per step for a group of n coordinates."""
         if self.k is not None:
             return self.k
-        ratio = DEFAULT_RATIO if self.ratio is None else self.ratio
-        return min(n, max(1, math.ceil(ratio * n)))
+        return count_for(DEFAULT_RATIO if self.ratio is None else self.ratio, n)
 
     def cols_for(self, n: int) -> int:
         """Sketch columns for a group of n coordinates."""

@@ -43,19 +43,18 @@ def add_compression_flags(p: argparse.ArgumentParser, compressions: list[str]) -
     p.add_argument("--warmup-steps", type=int, help="gs: dense steps first")
     p.add_argument("--gs", action="append", default=[], metavar="NAME=VALUE",
                    help="gs: any other GsSketch option, e.g. --gs scope=layer --gs candidates=2 (repeatable)")
+    p.add_argument("--opt", action="append", default=[], metavar="NAME=VALUE",
+                   help="baselines: a constructor option, e.g. --opt scope=layer, --opt rank=1 (PowerSGD), "
+                        "--opt width=4 (Sketched-SGD) (repeatable)")
 
 
-def gs_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The GsSketch options the user gave: the named flags that are set, then each ``--gs
-    NAME=VALUE`` (VALUE read as a Python literal when it is one, else as a string)."""
-    options = {name: getattr(args, name) for name in ("ratio", "rows", "width", "exact", "warmup_steps")
-               if getattr(args, name, None) is not None}
-    if getattr(args, "merge", "horovod") != "horovod":
-        options["merge"] = args.merge
-    for item in args.gs:
+def _name_values(items: list[str], flag: str) -> dict[str, Any]:
+    """``NAME=VALUE`` items as a dict, VALUE read as a Python literal when it is one, else a string."""
+    options: dict[str, Any] = {}
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise SystemExit(f"--gs takes NAME=VALUE, got {item!r}")
+            raise SystemExit(f"{flag} takes NAME=VALUE, got {item!r}")
         try:
             options[name] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
@@ -63,24 +62,34 @@ def gs_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any,
-                                named_parameters: Any) -> tuple[Any, Callable[[], float]]:
-    """(optimizer, bytes_per_step) for ``args.compression`` in a torch demo: GsSketch with only
-    the options the user gave (:func:`gs_options`), else :func:`gs_horovod.baselines.distributed_optimizer`."""
-    import horovod.torch as hvd
+def gs_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The GsSketch options the user gave: the named flags that are set, then each ``--gs
+    NAME=VALUE``."""
+    options = {name: getattr(args, name) for name in ("ratio", "rows", "width", "exact", "warmup_steps")
+               if getattr(args, name, None) is not None}
+    if getattr(args, "merge", "horovod") != "horovod":
+        options["merge"] = args.merge
+    return {**options, **_name_values(args.gs, "--gs")}
 
-    from gs_horovod.baselines import distributed_optimizer
-    from gs_horovod.torch import GsSketch
 
-    named = list(named_parameters)
+def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, Any]]:
+    """(ratio, options) for ``args.compression``: GsSketch's as the user gave them
+    (:func:`gs_options`), a baseline's ``--ratio`` and ``--opt`` items, nothing for none/fp16."""
     if args.compression == "gs":
-        gs = GsSketch(**gs_options(args))
-        opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
-        return opt, lambda: gs.stats.total_bytes / max(1, gs.stats.steps)
-    extra: dict[str, Any] = {"ratio": args.ratio} if args.ratio is not None else {}
-    if args.compression == "powersgd":
-        extra["powersgd_rank"] = args.powersgd_rank
-    return distributed_optimizer(args.compression, optimizer, named, **extra)
+        options = gs_options(args)
+        return options.pop("ratio", None), options
+    if args.compression in ("none", "fp16"):
+        return None, {}
+    return args.ratio, _name_values(args.opt, "--opt")
+
+
+def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_parameters: Any) -> tuple[Any, Any]:
+    """(optimizer, :class:`gs_horovod.baselines.Meter`) for ``args.compression`` in a torch demo
+    (:func:`gs_horovod.baselines.distributed_optimizer` with :func:`method_options`)."""
+    from gs_horovod.baselines import distributed_optimizer
+
+    ratio, options = method_options(args)
+    return distributed_optimizer(args.compression, optimizer, list(named_parameters), ratio, **options)
 
 
 def digits_shard(rank: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -97,12 +106,14 @@ class Report:
     (epoch, or evaluation interval), and a closing summary (held-out metric, bytes per step
     against dense, wall time), all on stdout so that they stay in order through horovodrun;
     also the JSON history. ``periods()`` yields the period numbers, ``step()`` advances the bar.
-    ``metric`` is "accuracy" (higher is better) or "perplexity" (lower is better)."""
+    ``metric`` is "accuracy" (higher is better) or "perplexity" (lower is better);
+    ``per_step()`` gives (payload, wire) bytes per step per rank so far (a ``Meter``'s)."""
 
-    def __init__(self, args: Any, rank: int, size: int, dense_bytes: int, bytes_per_step: Callable[[], float],
+    def __init__(self, args: Any, rank: int, size: int, dense_bytes: int,
+                 per_step: Callable[[], tuple[float, float]],
                  steps_per_period: int, periods: int, period: str = "epoch", metric: str = "accuracy") -> None:
         self.args, self.rank, self.size = args, rank, size
-        self.dense_bytes, self.bytes_per_step, self.steps = dense_bytes, bytes_per_step, steps_per_period
+        self.dense_bytes, self.per_step, self.steps = dense_bytes, per_step, steps_per_period
         self.count, self.period, self.metric = periods, period, metric
         self.history: list[dict] = []
         self.start = time.perf_counter()
@@ -118,8 +129,9 @@ class Report:
 
     def record(self, number: int, loss: float, value: float) -> None:
         """The end of period ``number``: mean training loss and the held-out metric."""
-        sent = self.bytes_per_step()
+        sent, wire = self.per_step()
         self.history.append({"epoch": number, "loss": loss, self.metric: value, "bytes_per_step": sent,
+                             "wire_bytes_per_step": wire,
                              "steps": self.steps, "seconds": time.perf_counter() - self.start})
         if self.rank == 0:
             self.bar.write(f"{self.period} {number:3d}/{self.count}  loss {loss:.4f}  "
@@ -132,7 +144,7 @@ class Report:
         result = {"args": vars(self.args), "ranks": self.size, "dense_bytes_per_step": self.dense_bytes,
                   "seconds": seconds, "history": self.history}
         if self.rank == 0:
-            sent, last = self.bytes_per_step(), self.history[-1][self.metric]
+            (sent, wire), last = self.per_step(), self.history[-1][self.metric]
             values = [h[self.metric] for h in self.history]
             best = min(values) if self.metric == "perplexity" else max(values)
             wall = time.time() - psutil.Process().create_time()
@@ -141,7 +153,7 @@ class Report:
             steps = self.count * self.steps
             print(f"\nsummary ({self.size} ranks, --compression {self.args.compression})\n"
                   f"  held-out {self.metric:<11}{last:.4f} after {steps} steps (best {best:.4f})\n"
-                  f"  bytes/step/rank     {sent:,.0f} ({against})\n"
+                  f"  bytes/step/rank     {sent:,.0f} ({against}); {wire:,.0f} on the wire\n"
                   f"  wall time           {wall:.0f} s per rank, {seconds:.0f} s of it training "
                   f"({steps / seconds:.2f} steps/s)", flush=True)
             if self.args.json:

@@ -40,7 +40,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the history to this file (rank 0)")
     add_compression_flags(p, ["gs", "none", "fp16", *METHODS])
-    p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
     args = p.parse_args(argv)
@@ -59,11 +58,11 @@ def main(argv: list[str] | None = None) -> dict:
     model = LstmLM(embed=args.embed, hidden=args.hidden, layers=args.layers)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer, bytes_per_step = torch_distributed_optimizer(args, optimizer, model.named_parameters())
+    optimizer, meter = torch_distributed_optimizer(args, optimizer, model.named_parameters())
 
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, bytes_per_step, args.eval_every,
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, meter.per_step, args.eval_every,
                     args.steps // args.eval_every, period="interval", metric="perplexity")
     for interval in report.periods():
         model.train()

@@ -21,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 from demo_common import Report, demo_arguments, digits_shard, gs_options  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
+from gs_horovod.wire import wire_bytes  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
                                         op=hvd.Min, name="steps"))
     rng = np.random.default_rng(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: bytes_per_step, steps_per_epoch,
+    wire = wire_bytes("allreduce", bytes_per_step, hvd.size())
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: (bytes_per_step, wire), steps_per_epoch,
                     args.epochs)
     for epoch in report.periods():
         order = rng.permutation(len(x_train))

@@ -30,7 +30,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = demo_arguments(__doc__, ["gs", "none", "fp16", *METHODS])
     p.add_argument("--model", choices=sorted(EPOCHS), default="cnn",
                    help="cnn: MNIST-5k CNN (default); mlp: scikit-learn digits MLP")
-    p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
     args = p.parse_args(argv)
@@ -62,13 +61,13 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer, bytes_per_step = torch_distributed_optimizer(args, optimizer, model.named_parameters())
+    optimizer, meter = torch_distributed_optimizer(args, optimizer, model.named_parameters())
 
     steps_per_epoch = math.ceil(len(x_train) / args.batch_size)
     steps_per_epoch = hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item()
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     g = torch.Generator().manual_seed(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, bytes_per_step, steps_per_epoch, args.epochs)
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, meter.per_step, steps_per_epoch, args.epochs)
     for epoch in report.periods():
         model.train()
         order = torch.randperm(len(x_train), generator=g)

@@ -1,4 +1,5 @@
-"""Baselines gs-SGD is compared with, on real Horovod ranks (PyTorch).
+"""Baselines gs-SGD is compared with, on real Horovod ranks (PyTorch), each built as its
+authors describe it, with gs-SGD's selection kernel and small-tensor rule.
 
 Dense and FP16 are Horovod's own ``DistributedOptimizer`` with ``Compression.none`` /
 ``Compression.fp16``; gs-SGD is ``hvd.DistributedOptimizer(..., compression=GsSketch)``. The
@@ -7,43 +8,88 @@ others exchange all gradients of a step at ``optimizer.step()`` through
 
 - ``topk``: local top-k + allgather of (index, value), DGC-style (Lin et al. 2018).
 - ``gtopk``: global top-k by recursive doubling of sparse top-k sets (Shi et al. 2019).
-- ``sketched``: Sketched-SGD's star (Ivkin et al. 2019): sketches sent to rank 0, which picks
-  candidates; their exact values in a second round; top-k of those.
+- ``sketched``: Sketched-SGD (Ivkin et al. 2019): whole-model sketches sent to rank 0, which
+  picks candidates; their exact values in a second round; top-k of those.
 - ``powersgd``: rank-r PowerSGD (Vogels et al. 2019) with error feedback.
 
-Every method keeps an error-feedback residual, counts the bytes each rank sends
-(``stats``) and can say what it would send for any size (``bytes_per_step``).
+``topk``, ``gtopk`` and ``sketched`` take ``scope`` ("global": one selection over all
+compressed coordinates, as GsSketch's default; "layer": per tensor). Every method keeps an
+error-feedback residual and sends tensors under ``min_size`` elements exactly.
+:func:`distributed_optimizer` switches over all of them and returns a :class:`Meter` of the
+bytes each rank sends (payload and wire bytes through the busiest rank, :mod:`gs_horovod.wire`).
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..wire import Collective, Traffic, total_wire_bytes
+from .comm import Comm, HorovodComm
 from .exchange import Exchange, ExchangeOptimizer
 from .methods import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 
-METHODS = {"topk": TopKAllgather, "gtopk": GTopK, "sketched": SketchedSGD, "powersgd": PowerSGD}
+METHODS: dict[str, type[Exchange]] = {"topk": TopKAllgather, "gtopk": GTopK, "sketched": SketchedSGD,
+                                      "powersgd": PowerSGD}
+ALL_METHODS = ("gs", "none", "fp16", *METHODS)
 
-__all__ = ["METHODS", "Exchange", "ExchangeOptimizer", "GTopK", "PowerSGD", "SketchedSGD", "TopKAllgather",
-           "distributed_optimizer"]
+__all__ = ["ALL_METHODS", "METHODS", "Comm", "Exchange", "ExchangeOptimizer", "GTopK", "HorovodComm", "Meter",
+           "PowerSGD", "SketchedSGD", "TopKAllgather", "distributed_optimizer"]
 
 
-def distributed_optimizer(method: str, optimizer, named_parameters, ratio: float = 0.01,
-                          powersgd_rank: int = 4, **gs_options):
-    """One switch over every method: returns (optimizer, bytes_per_step) for ``method`` in
-    "gs" (GsSketch in Horovod's DistributedOptimizer, ``gs_options`` passed on), "none" and
-    "fp16" (Horovod's), or a baseline of :data:`METHODS`. ``bytes_per_step()`` is the mean
-    payload a rank has handed to collectives per step so far."""
+class Meter:
+    """Bytes one rank sends per step, mean so far: ``per_step()`` → (payload handed to
+    collectives, wire bytes through the busiest rank); ``collectives()`` → one step's (kind,
+    payload bytes) list, for the cost model."""
+
+    def __init__(self, ranks: int, collectives: Callable[[], list[Collective]]) -> None:
+        self.ranks, self._collectives = ranks, collectives
+
+    def collectives(self) -> list[Collective]:
+        return self._collectives()
+
+    def per_step(self) -> tuple[float, float]:
+        step = self.collectives()
+        return sum(n for _, n in step), total_wire_bytes(step, self.ranks)
+
+    @classmethod
+    def of_traffic(cls, traffic: Traffic) -> Meter:
+        meter = cls(traffic.ranks, lambda: traffic.last_step)
+        meter.per_step = traffic.per_step  # exact means over every step so far
+        return meter
+
+
+def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ratio: float | None = None,
+                          **options: Any) -> tuple[Any, Meter]:
+    """(optimizer, :class:`Meter`) for ``method`` in :data:`ALL_METHODS`: "gs" (GsSketch in
+    Horovod's DistributedOptimizer with ``ratio`` and ``options``), "none" and "fp16"
+    (Horovod's), or a baseline of :data:`METHODS` (``options`` are its constructor's:
+    scope, min_size, rank, rows, width, p2). ``ratio`` None: the method's default."""
     import horovod.torch as hvd
 
     from ..torch import GsSketch
 
     named = list(named_parameters)
+    ratio_arg = {} if ratio is None else {"ratio": ratio}
     if method in METHODS:
-        exchange = METHODS[method](ratio=ratio, **({"rank": powersgd_rank} if method == "powersgd" else {}))
-        return ExchangeOptimizer(optimizer, named, exchange), lambda: exchange.bytes_sent / max(1, exchange.steps)
+        exchange = METHODS[method](**ratio_arg, **options)
+        comm = HorovodComm()
+        return ExchangeOptimizer(optimizer, named, exchange, comm), Meter.of_traffic(comm.traffic)
     if method == "gs":
-        gs = GsSketch(ratio=ratio, **gs_options)
+        gs = GsSketch(**ratio_arg, **options)
+        kind = "tree" if options.get("merge") == "mpi" else "allreduce"
+
+        def gs_step() -> list[Collective]:
+            s, steps = gs.stats, max(1, gs.stats.steps)
+            return [(kind, s.sketch_bytes / steps), (kind, (s.exact_bytes + s.dense_bytes) / steps)]
+
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
-        return opt, lambda: gs.stats.total_bytes / max(1, gs.stats.steps)
+        return opt, Meter(hvd.size(), gs_step)
     if method not in ("none", "fp16"):
-        raise ValueError(f"method must be gs, none, fp16 or one of {sorted(METHODS)}, got {method!r}")
+        raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
+    if options or ratio is not None:
+        raise ValueError(f"method {method!r} takes no ratio or options, got ratio={ratio}, {options}")
     dense = sum(p.numel() * p.element_size() for _, p in named) // (2 if method == "fp16" else 1)
     compression = hvd.Compression.fp16 if method == "fp16" else hvd.Compression.none
-    return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression), lambda: dense
+    return (hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression),
+            Meter(hvd.size(), lambda: [("allreduce", float(dense))]))
+

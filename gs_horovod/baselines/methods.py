@@ -1,233 +1,214 @@
-"""The baseline exchanges (see the package docstring). Each works on a = e + g per tensor
-(flattened f32), in name order, identically on every rank, with Horovod's collectives."""
+"""The baseline exchanges, each as its authors describe it (see the package docstring), on
+the error-fed vector a (D,) f32 of :class:`~gs_horovod.baselines.exchange.Exchange`, through a
+:class:`~gs_horovod.baselines.comm.Comm`. Sums over ranks are divided by P: updates are means."""
 
 from __future__ import annotations
 
 import math
 
-import horovod.torch as hvd
 import torch
 
-from ..sketch import CountSketch
-from ..torch import TorchOps
-from .exchange import Exchange
-
-Tensors = list[torch.Tensor]
-
-
-def ring_allreduce(nbytes: float, ranks: int) -> float:
-    """Sent + received by each rank of a ring allreduce of ``nbytes``."""
-    return 4 * (ranks - 1) / ranks * nbytes
+from ..kernels import torch_ops
+from ..kernels.hashing import hash_keys
+from ..wire import Collective
+from .comm import Comm
+from .exchange import Exchange, Span, _numel
 
 
-def _topk(a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = torch.topk(a.abs(), k, sorted=False).indices.sort().values
-    return idx, a[idx]
+def _power_of_two(P: int, method: str) -> None:
+    if P & (P - 1):
+        raise ValueError(f"the {method} baseline needs a power-of-two number of ranks, got {P}")
 
 
-def _sent(a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(a).index_copy_(0, idx, a[idx])
+def _sum_pairs(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(unique indices ascending, summed values) of (index, value) pairs: O(n log n), no D-sized
+    temporary."""
+    uniq, inverse = torch.unique(idx, sorted=True, return_inverse=True)
+    return uniq, torch.zeros(len(uniq), dtype=vals.dtype).index_add_(0, inverse, vals)
 
 
 class TopKAllgather(Exchange):
-    """Each rank sends its local top-k (int32 index, f32 value) of every tensor; all ranks
-    allgather them and average. Payload 8k per tensor; ring allgather: 2(P−1)·8k through a rank."""
+    """Top-k allgather (DGC-style, Lin et al. 2018): each rank sends its top-k (int32 index,
+    f32 value) of every span; all ranks allgather them and apply the mean of the P sparse sets
+    (up to P·k coordinates). Payload 8k per span; ring allgather: 2(P−1)·8k through a rank."""
 
-    def _exchange(self, names: list[str], accs: Tensors) -> tuple[Tensors, Tensors]:
-        picks = [_topk(a, self.k_for(a.numel())) for a in accs]
-        idx = torch.cat([i for i, _ in picks]).to(torch.int32)
-        val = torch.cat([v for _, v in picks])
-        self.bytes_sent += idx.numel() * 4 + val.numel() * 4
-        all_idx = hvd.allgather(idx, name="topk.idx").view(hvd.size(), -1).long()
-        all_val = hvd.allgather(val, name="topk.val").view(hvd.size(), -1)
-        updates, start = [], 0
-        for a, (i, _) in zip(accs, picks):
-            k = len(i)
-            u = torch.zeros_like(a).index_add_(0, all_idx[:, start:start + k].reshape(-1),
-                                               all_val[:, start:start + k].reshape(-1))
-            updates.append(u / hvd.size())
-            start += k
-        return updates, [_sent(a, i) for a, (i, _) in zip(accs, picks)]
+    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.cat([self.top_abs(a[s.start:s.start + s.size], s.k) + s.start for s in spans])
+        vals = a[idx]
+        all_idx = comm.allgather(idx.to(torch.int32), "topk.idx").reshape(-1).long()
+        all_vals = comm.allgather(vals, "topk.val").reshape(-1)
+        update.index_add_(0, all_idx, all_vals / comm.size)
+        return idx, vals
 
-    def bytes_per_step(self, sizes: list[int], ranks: int) -> int:
-        return sum(8 * self.k_for(d) for d in sizes)
-
-    def wire_bytes(self, sizes: list[int], ranks: int) -> float:
-        return 2 * (ranks - 1) * self.bytes_per_step(sizes, ranks)
+    def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
+        k = sum(s.k for s in self.spans([_numel(x) for x in shapes]))
+        return [("allgather", 4.0 * k), ("allgather", 4.0 * k)]
 
 
 class GTopK(Exchange):
-    """gTop-k: local top-k sets merged by recursive doubling: in round i a rank swaps its
-    current k-sparse set with rank ⊕ 2^i (one ``alltoall`` with only that split non-empty), sums
-    the two and keeps the top k. After log2 P rounds every rank holds the same global top-k of
-    the sum; it is averaged, and a rank's coordinates in the final set leave its residual.
-    P must be a power of two (as in the original). Payload 8k per tensor per round."""
+    """gTop-k (Shi et al. 2019): local top-k sets merged by recursive doubling. In round i a
+    rank swaps its current k-sparse set (int32 indices, f32 values) with rank ⊕ 2^i, sums the
+    two sets pairwise (≤ 2k pairs, sparse) and keeps their top k. After log2 P rounds every rank
+    holds the same global top-k set; its mean is applied, and a rank's own top-k coordinates
+    that are in the final set leave its residual. P must be a power of two (as published).
+    Payload 8k per span per round."""
 
-    def _exchange(self, names: list[str], accs: Tensors) -> tuple[Tensors, Tensors]:
-        P, rank = hvd.size(), hvd.rank()
-        if P & (P - 1):
-            raise ValueError(f"the gTop-k baseline needs a power-of-two number of ranks, got {P}")
-        ks = [self.k_for(a.numel()) for a in accs]
-        sets = [_topk(a, k) for a, k in zip(accs, ks)]
-        local = [i for i, _ in sets]
+    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+        P = comm.size
+        _power_of_two(P, "gTop-k")
+        sets = []
+        for s in spans:
+            i = self.top_abs(a[s.start:s.start + s.size], s.k) + s.start
+            sets.append((i, a[i]))
+        mine = torch.cat([i for i, _ in sets])
         mask = 1
         while mask < P:
-            partner = rank ^ mask
             idx = torch.cat([i for i, _ in sets]).to(torch.int32)
-            val = torch.cat([v for _, v in sets])
-            splits = [len(idx) if r == partner else 0 for r in range(P)]
-            self.bytes_sent += idx.numel() * 8
-            their_idx, _ = hvd.alltoall(idx, splits=torch.tensor(splits, dtype=torch.int32), name=f"gtopk.idx.{mask}")
-            their_val, _ = hvd.alltoall(val, splits=torch.tensor(splits, dtype=torch.int32), name=f"gtopk.val.{mask}")
+            vals = torch.cat([v for _, v in sets])
+            theirs = comm.pairwise(torch.cat([idx, vals.view(torch.int32)]), comm.rank ^ mask, f"gtopk.{mask}")
+            their_idx, their_vals = theirs[:len(idx)].long(), theirs[len(idx):].view(torch.float32)
             merged, start = [], 0
-            for a, (i, v), k in zip(accs, sets, ks):
-                dense = torch.zeros_like(a).index_add_(0, i, v)
-                dense.index_add_(0, their_idx[start:start + k].long(), their_val[start:start + k])
-                merged.append(_topk(dense, k))
-                start += k
+            for (i, v), s in zip(sets, spans):
+                uniq, summed = _sum_pairs(torch.cat([i, their_idx[start:start + s.k]]),
+                                          torch.cat([v, their_vals[start:start + s.k]]))
+                best = self.top_abs(summed, s.k)
+                merged.append((uniq[best], summed[best]))
+                start += s.k
             sets = merged
             mask <<= 1
-        updates = [torch.zeros_like(a).index_copy_(0, i, v / P) for a, (i, v) in zip(accs, sets)]
-        sent = []
-        for a, mine, (final, _) in zip(accs, local, sets):
-            keep = mine[torch.isin(mine, final)]
-            sent.append(_sent(a, keep))
-        return updates, sent
+        final = torch.cat([i for i, _ in sets])
+        update[final] = torch.cat([v for _, v in sets]) / P
+        keep = mine[torch.isin(mine, final)]
+        return keep, a[keep]
 
-    def bytes_per_step(self, sizes: list[int], ranks: int) -> int:
-        return int(math.log2(ranks)) * sum(8 * self.k_for(d) for d in sizes)
-
-    def wire_bytes(self, sizes: list[int], ranks: int) -> float:
-        return 2 * self.bytes_per_step(sizes, ranks)
+    def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
+        k = sum(s.k for s in self.spans([_numel(x) for x in shapes]))
+        return [("pairwise", 8.0 * k)] * int(math.log2(ranks))
 
 
 class SketchedSGD(Exchange):
-    """Sketched-SGD's star: every rank sends its Count-Sketch of a to rank 0 (``alltoall`` with
-    only rank 0's split non-empty); rank 0 sums them and broadcasts the ``p2·k`` candidate
-    coordinates; an allreduce sums the exact a at the candidates; every rank keeps the top k.
-    Payload: rows·cols·4 + 4·p2·k (+ the broadcast on rank 0); rank 0 receives (P−1) sketches."""
+    """Sketched-SGD (Ivkin et al. 2019), whole-model as published: every rank sends a rows ×
+    ceil(width·k) f32 Count-Sketch of its whole a (per span) to rank 0 (a star, rank 0 in the
+    parameter server's place), which sums them and finds the ``p2``·k heavy hitters; rank 0
+    broadcasts those candidates (int32), an allreduce sums the exact a there, and every rank
+    applies the top k of the candidates. Published sizes: 5 rows, width 10 (cols = 10k), p2 = 4
+    (:data:`PUBLISHED`). Sketching, heavy hitters and selection use gs-SGD's kernels."""
 
-    def __init__(self, ratio: float, rows: int = 5, width: float = 4.0, p2: int = 4, seed: int = 0) -> None:
-        super().__init__(ratio)
-        self.rows, self.width, self.p2, self.seed = rows, width, p2, seed
-        self.ops = TorchOps("auto")
+    PUBLISHED = {"rows": 5, "width": 10.0, "p2": 4}
 
-    def _cols(self, d: int) -> int:
-        return max(1, math.ceil(self.width * self.k_for(d)))
+    def __init__(self, ratio: float = 0.01, scope: str = "global", min_size: int = 1024, backend: str = "auto",
+                 rows: int = 5, width: float = 10.0, p2: int = 4, seed: int = 0) -> None:
+        super().__init__(ratio, scope, min_size, backend)
+        if rows < 1 or width <= 0 or p2 < 1:
+            raise ValueError(f"rows, width and p2 must be positive, got rows={rows}, width={width}, p2={p2}")
+        self.rows, self.width, self.p2 = rows, width, p2
+        self.keys = hash_keys(seed)
 
-    def _exchange(self, names: list[str], accs: Tensors) -> tuple[Tensors, Tensors]:
-        P = hvd.size()
-        tables = [CountSketch.zeros(self.rows, self._cols(a.numel()), self.seed, self.ops, a).accumulate(a).table
-                  for a in accs]
-        flat = torch.cat([t.reshape(-1) for t in tables])
-        splits = torch.tensor([flat.numel() if r == 0 else 0 for r in range(P)], dtype=torch.int32)
-        self.bytes_sent += flat.numel() * 4
-        gathered, _ = hvd.alltoall(flat, splits=splits, name="sketched.tables")  # returns (data, splits)
-        cands = []
-        for a, t in zip(accs, tables):
-            c = min(a.numel(), self.p2 * self.k_for(a.numel()))
-            if hvd.rank() == 0:
-                merged = gathered.view(P, -1)[:, :t.numel()].sum(0).view_as(t)
-                gathered = gathered.view(P, -1)[:, t.numel():].reshape(-1)
-                cand, _ = CountSketch(self.rows, t.shape[1], self.seed, self.ops, merged).heavy_hitters(c, a.numel())
-            else:
-                cand = torch.zeros(c, dtype=torch.int64)
-            cands.append(cand)
-        cand_all = hvd.broadcast(torch.cat(cands), root_rank=0, name="sketched.cands")
-        if hvd.rank() == 0:
-            self.bytes_sent += cand_all.numel() * 8
-        starts = torch.tensor([0] + [len(c) for c in cands]).cumsum(0).tolist()
-        cands = [cand_all[s:e] for s, e in zip(starts[:-1], starts[1:])]
-        values = torch.cat([a[c] for a, c in zip(accs, cands)])
-        self.bytes_sent += values.numel() * 4
-        summed = hvd.allreduce(values, op=hvd.Sum, name="sketched.values")
-        updates, sent, start = [], [], 0
-        for a, c in zip(accs, cands):
-            v = summed[start:start + len(c)]
-            start += len(c)
-            top = torch.topk(v.abs(), self.k_for(a.numel()), sorted=False).indices
-            idx = c[top]
-            updates.append(torch.zeros_like(a).index_copy_(0, idx, v[top] / P))
-            sent.append(_sent(a, idx))
-        return updates, sent
+    def cols(self, s: Span) -> int:
+        return max(1, math.ceil(self.width * s.k))
 
-    def bytes_per_step(self, sizes: list[int], ranks: int) -> int:
-        return sum(4 * self.rows * self._cols(d) + 4 * min(d, self.p2 * self.k_for(d)) for d in sizes)
+    def candidates(self, s: Span) -> int:
+        return min(s.size, self.p2 * s.k)
 
-    def wire_bytes(self, sizes: list[int], ranks: int) -> float:
-        sketch = sum(4 * self.rows * self._cols(d) for d in sizes)
-        cands = sum(min(d, self.p2 * self.k_for(d)) for d in sizes)
-        # rank 0 receives P−1 sketches, broadcasts int64 candidates (binomial tree: log2 P sends),
-        # and takes part in the ring allreduce of the f32 values
-        return (ranks - 1) * sketch + math.ceil(math.log2(ranks)) * 8 * cands + ring_allreduce(4 * cands, ranks)
+    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+        tables = []
+        for s in spans:
+            table = torch.zeros(self.rows, self.cols(s))
+            torch_ops.accumulate(self.backend, table, a[s.start:s.start + s.size], self.keys, 0)
+            tables.append(table.reshape(-1))
+        gathered = comm.gather(torch.cat(tables), "sketched.tables")
+        counts = [self.candidates(s) for s in spans]
+        if gathered is not None:
+            merged, cands, start = gathered.sum(0), [], 0
+            for s, c in zip(spans, counts):
+                table = merged[start:start + self.rows * self.cols(s)].view(self.rows, self.cols(s))
+                start += table.numel()
+                cands.append(torch_ops.heavy_hitters(self.backend, table, self.keys, s.size, c)[0] + s.start)
+            cand = torch.cat(cands).to(torch.int32)
+        else:
+            cand = torch.zeros(sum(counts), dtype=torch.int32)
+        cand = comm.broadcast(cand, "sketched.candidates").long()
+        exact = comm.allreduce_sum(a[cand], "sketched.values")
+        chosen, start = [], 0
+        for s, c in zip(spans, counts):
+            best = self.top_abs(exact[start:start + c], s.k) + start
+            chosen.append(best)
+            start += c
+        best = torch.cat(chosen)
+        idx = cand[best]
+        update[idx] = exact[best] / comm.size
+        return idx, a[idx]
+
+    def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
+        spans = self.spans([_numel(x) for x in shapes])
+        cells = sum(self.rows * self.cols(s) for s in spans)
+        cands = sum(self.candidates(s) for s in spans)
+        return [("gather", 4.0 * cells), ("broadcast", 4.0 * cands), ("allreduce", 4.0 * cands)]
 
 
 class PowerSGD(Exchange):
-    """Rank-r PowerSGD with error feedback: a tensor as an n×m matrix M (1-D tensors are sent
-    dense); P = M·Q, allreduce-mean P, orthonormalise; Q = Mᵀ·P, allreduce-mean Q; update P·Qᵀ.
-    Q is kept between steps (warm start). ``ratio`` is unused: the rank sets the size."""
+    """Rank-r PowerSGD (Vogels et al. 2019) with error feedback and warm start: a tensor as an
+    n×m matrix M (first dimension × the rest); P = M·Q, allreduce-mean P, orthonormalise
+    (QR); Q = Mᵀ·P, allreduce-mean Q; the update is P·Qᵀ and this rank's sent part P·(Mᵀ·P)ᵀ.
+    Matrices that would not shrink (min(n, m) ≤ r, e.g. 1-D tensors) are averaged uncompressed
+    in one allreduce. ``ratio`` and ``scope`` do not apply: the rank sets the size."""
 
-    def __init__(self, ratio: float = 1.0, rank: int = 4, seed: int = 0) -> None:
-        super().__init__(ratio)
+    def __init__(self, ratio: float = 0.01, scope: str = "global", min_size: int = 1024, backend: str = "auto",
+                 rank: int = 4, seed: int = 0) -> None:
+        super().__init__(ratio, scope, min_size, backend)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be an int >= 1, got {rank!r}")
         self.rank, self.seed = rank, seed
         self.qs: dict[str, torch.Tensor] = {}
-        self.shapes: dict[str, tuple[int, int]] = {}
 
-    def exchange(self, named: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor]:
-        for name, g in named:
-            self.shapes[name] = (g.shape[0], g.numel() // g.shape[0]) if g.dim() >= 2 else (g.numel(), 1)
-        return super().exchange(named)
+    @staticmethod
+    def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+        n = shape[0] if shape else 1
+        return n, _numel(shape) // max(1, n)
 
-    def _exchange(self, names: list[str], accs: Tensors) -> tuple[Tensors, Tensors]:
-        updates: Tensors = [torch.empty(0)] * len(accs)
-        low = [i for i, n in enumerate(names) if min(self.shapes[n]) > self.rank]
-        dense = [i for i in range(len(accs)) if i not in low]
-        if dense:
-            flat = torch.cat([accs[i] for i in dense])
-            self.bytes_sent += flat.numel() * 4
-            mean = hvd.allreduce(flat, name="powersgd.dense")
-            start = 0
-            for i in dense:
-                updates[i] = mean[start:start + accs[i].numel()].clone()
-                start += accs[i].numel()
-        if low:
-            ms = [accs[i].view(self.shapes[names[i]]) for i in low]
+    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+                  comm: Comm) -> None:
+        P = comm.size
+        mats, flat, start = [], [], 0
+        for name in names:
+            n, m = self.matrix(self.shapes[name])
+            (mats if min(n, m) > self.rank else flat).append((name, start, n, m))
+            start += n * m
+        if flat:
+            parts = torch.cat([a[s:s + n * m] for _, s, n, m in flat])
+            mean = comm.allreduce_sum(parts, "powersgd.dense") / P
+            for (_, s, n, m), u in zip(flat, torch.split(mean, [n * m for *_, n, m in flat])):
+                update[s:s + n * m] = u
+                a[s:s + n * m] = 0  # sent uncompressed: nothing stays behind
+        if mats:
+            ms = [a[s:s + n * m].view(n, m) for _, s, n, m in mats]
             qs = []
-            for i, m in zip(low, ms):
-                q = self.qs.get(names[i])
+            for i, (name, _, _, m) in enumerate(mats):
+                q = self.qs.get(name)
                 if q is None:
-                    gen = torch.Generator().manual_seed(self.seed + i)
-                    q = torch.randn(m.shape[1], self.rank, generator=gen)
+                    q = torch.randn(m, self.rank, generator=torch.Generator().manual_seed(self.seed + i))
                 qs.append(q)
-            ps = self._allreduce([m @ q for m, q in zip(ms, qs)], "powersgd.p")
-            ps = [torch.linalg.qr(p).Q for p in ps]
-            local_qs = [m.T @ p for m, p in zip(ms, ps)]
-            qs = self._allreduce(local_qs, "powersgd.q")
-            sent: Tensors = list(accs)  # dense tensors: all of a was sent
-            for i, p, q, q_local in zip(low, ps, qs, local_qs):
-                self.qs[names[i]] = q
-                updates[i] = (p @ q.T).reshape(-1)
-                sent[i] = (p @ q_local.T).reshape(-1)  # this rank's own part: M_w projected on P
-            return updates, sent
-        return updates, list(accs)
+            ps = [torch.linalg.qr(p).Q for p in self._mean([mat @ q for mat, q in zip(ms, qs)], comm, "powersgd.p")]
+            local = [mat.T @ p for mat, p in zip(ms, ps)]
+            for (name, s, n, m), p, q, q_local in zip(mats, ps, self._mean(local, comm, "powersgd.q"), local):
+                self.qs[name] = q
+                update[s:s + n * m] = (p @ q.T).reshape(-1)
+                a[s:s + n * m] -= (p @ q_local.T).reshape(-1)  # this rank's part of the update
 
-    def _allreduce(self, mats: Tensors, name: str) -> Tensors:
-        flat = torch.cat([m.reshape(-1) for m in mats])
-        self.bytes_sent += flat.numel() * 4
-        mean = hvd.allreduce(flat, name=name)
-        out, start = [], 0
-        for m in mats:
-            out.append(mean[start:start + m.numel()].view_as(m))
-            start += m.numel()
+    @staticmethod
+    def _mean(mats: list[torch.Tensor], comm: Comm, name: str) -> list[torch.Tensor]:
+        mean = comm.allreduce_sum(torch.cat([x.reshape(-1) for x in mats]), name) / comm.size
+        return [u.view_as(x) for u, x in zip(torch.split(mean, [x.numel() for x in mats]), mats)]
+
+    def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
+        dims = [self.matrix(s) for s in shapes]
+        flat = sum(n * m for n, m in dims if min(n, m) <= self.rank)
+        low = [(n, m) for n, m in dims if min(n, m) > self.rank]
+        out = [("allreduce", 4.0 * flat)] if flat else []
+        if low:
+            out += [("allreduce", 4.0 * self.rank * sum(n for n, _ in low)),
+                    ("allreduce", 4.0 * self.rank * sum(m for _, m in low))]
         return out
-
-    def bytes_per_step(self, sizes: list[int], ranks: int) -> int:
-        """``sizes`` here are (n, m) pairs or plain element counts of 1-D tensors."""
-        total = 0
-        for s in sizes:
-            n, m = s if isinstance(s, tuple) else (s, 1)
-            total += 4 * self.rank * (n + m) if min(n, m) > self.rank else 4 * n * m
-        return total
-
-    def wire_bytes(self, sizes: list[int], ranks: int) -> float:
-        return ring_allreduce(self.bytes_per_step(sizes, ranks), ranks)

@@ -10,7 +10,25 @@ import horovod.torch as hvd
 import torch
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
-from gs_horovod.baselines import METHODS, ExchangeOptimizer
+from gs_horovod.baselines import METHODS, ExchangeOptimizer, HorovodComm
+from gs_horovod.wire import total_wire_bytes
+
+# variant: (method, options); "full" runs use ratio 1 (PowerSGD: a rank as large as the matrices)
+VARIANTS = {
+    "topk": ("topk", {}), "topk-layer": ("topk", {"scope": "layer"}),
+    "gtopk": ("gtopk", {}), "gtopk-layer": ("gtopk", {"scope": "layer"}),
+    "sketched": ("sketched", {}), "powersgd-r1": ("powersgd", {"rank": 1}), "powersgd-r4": ("powersgd", {"rank": 4}),
+}
+
+
+def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tuple:
+    method, options = VARIANTS[variant]
+    exchange = METHODS[method](ratio=ratio, **{**options, **extra})
+    comm = HorovodComm()
+    model = mlp(seed)
+    opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
+    train(model, opt, x, y, steps=steps)
+    return model, exchange, comm
 
 
 def main(out_dir: str) -> None:
@@ -20,24 +38,17 @@ def main(out_dir: str) -> None:
     result: dict = {"rank": hvd.rank(), "size": hvd.size()}
     dense = mlp(0)
     train(dense, distributed(dense, "dense.", hvd.Compression.none), x, y, steps=3)
-    for name, cls in METHODS.items():
-        # k = d (or a rank as large as the matrices): every method must equal dense allreduce
-        full = cls(ratio=1.0, rank=64) if name == "powersgd" else cls(ratio=1.0)
-        model = mlp(0)
-        train(model, ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                       full), x, y, steps=3)
-        result[f"{name}_full_max_abs_diff"] = (flat(model) - flat(dense)).abs().max().item()
-        # compressed: identical on every rank; bytes counted = bytes predicted from the sizes
-        exchange = cls(ratio=0.05, rank=2) if name == "powersgd" else cls(ratio=0.05)
-        model = mlp(1)
-        opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange)
-        train(model, opt, x, y, steps=4)
-        result[f"{name}_digest"] = digest(model)
-        named = sorted(model.named_parameters())
-        sizes = [(p.shape[0], p.numel() // p.shape[0]) if p.dim() >= 2 else p.numel() for _, p in named] \
-            if name == "powersgd" else [p.numel() for _, p in named]
-        result[f"{name}_bytes_counted"] = exchange.bytes_sent / exchange.steps
-        result[f"{name}_bytes_predicted"] = exchange.bytes_per_step(sizes, hvd.size())
+    for variant, (method, _) in VARIANTS.items():
+        full, _, _ = run(variant, 1.0, 0, 3, x, y, **({"rank": 64} if method == "powersgd" else {}))
+        result[f"{variant}_full_max_abs_diff"] = (flat(full) - flat(dense)).abs().max().item()
+        model, exchange, comm = run(variant, 0.05, 1, 4, x, y)
+        result[f"{variant}_digest"] = digest(model)
+        shapes = [tuple(p.shape) for _, p in sorted(model.named_parameters())]
+        planned = exchange.planned(shapes, hvd.size())
+        result[f"{variant}_collectives"] = comm.traffic.last_step
+        result[f"{variant}_planned"] = planned
+        result[f"{variant}_wire"] = comm.traffic.per_step()[1]
+        result[f"{variant}_planned_wire"] = total_wire_bytes(planned, hvd.size())
     with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
         json.dump(result, f)
 

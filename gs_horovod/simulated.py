@@ -1,0 +1,151 @@
+"""P ranks in one process, for tests and benchmarks: one thread per rank, and exactly one
+thread running at a time.
+
+A rank runs until it reaches a collective, deposits its part and hands the turn to the next
+rank; the last rank to arrive completes the collective and hands the turn back to rank 0. So
+every rank computes exactly what it would on its own process (collectives reduce in rank
+order, identically on every rank), and the time a rank holds the turn is its own compute,
+uncontended (``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is both the engine's
+:class:`gs_horovod.gs_sgd.Collectives` (``allreduce`` averages) and the baselines'
+:class:`gs_horovod.baselines.comm.Comm`, over torch tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional, TypeVar
+
+import torch
+
+from .wire import Traffic
+
+T = TypeVar("T")
+
+
+class _Aborted(Exception):
+    """Another rank raised; this one stops at its next collective."""
+
+
+class SimulatedRanks:
+    """Runs ``fn(rank, comm)`` for ``size`` ranks (:meth:`run`) and returns the results in rank
+    order, re-raising the first rank's exception. ``compute_seconds[r]``: the time rank r held
+    the turn (its computation outside collectives), accumulated over runs."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"size must be >= 1, got {size}")
+        self.size = size
+        self.compute_seconds = [0.0] * size
+        self._cv = threading.Condition()
+        self._turn = 0
+        self._slots: list[Any] = [None] * size
+        self._done: list[Any] = []
+        self._failed = False
+
+    def _wait_turn(self, rank: int) -> None:
+        self._cv.wait_for(lambda: self._turn == rank or self._failed)
+        if self._failed:
+            raise _Aborted
+
+    def _pass_turn(self, rank: int) -> None:
+        self._turn = (rank + 1) % self.size
+        self._cv.notify_all()
+
+    def exchange(self, rank: int, x: Any, started: list[float]) -> list[Any]:
+        """Deposits rank's x; returns every rank's x in rank order once all have deposited."""
+        with self._cv:
+            self.compute_seconds[rank] += time.perf_counter() - started[0]
+            self._slots[rank] = x
+            if rank == self.size - 1:
+                self._done, self._slots = self._slots, [None] * self.size
+            self._pass_turn(rank)
+            self._wait_turn(rank)
+            started[0] = time.perf_counter()
+            return list(self._done)
+
+    def run(self, fn: Callable[[int, SimulatedComm], T]) -> list[T]:
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+        self._turn, self._failed = 0, False
+
+        def main(rank: int) -> None:
+            started = [0.0]
+            comm = SimulatedComm(self, rank, started)
+            try:
+                with self._cv:
+                    self._wait_turn(rank)
+                started[0] = time.perf_counter()
+                results[rank] = fn(rank, comm)
+                with self._cv:
+                    self.compute_seconds[rank] += time.perf_counter() - started[0]
+                    self._pass_turn(rank)
+            except _Aborted:
+                pass
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                with self._cv:
+                    errors.append(e)
+                    self._failed = True
+                    self._cv.notify_all()
+
+        threads = [threading.Thread(target=main, args=(r,), daemon=True) for r in range(self.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+class SimulatedComm:
+    """Collectives of rank ``rank`` of a :class:`SimulatedRanks` group, over torch tensors;
+    sums in rank order in the input's dtype (f32 inputs: f32 arithmetic), as one ring would."""
+
+    def __init__(self, group: SimulatedRanks, rank: int, started: list[float]) -> None:
+        self.group, self.rank, self.size = group, rank, group.size
+        self.traffic = Traffic(group.size)
+        self.names: list[str] = []
+        self._started = started
+
+    def _all(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
+        self.names.append(name)
+        return self.group.exchange(self.rank, x.clone(), self._started)
+
+    @staticmethod
+    def _sum(parts: list[torch.Tensor]) -> torch.Tensor:
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        return total
+
+    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """The engine's collective: x averaged over ranks."""
+        self.traffic.add("allreduce", x.numel() * x.element_size())
+        parts = self._all(x, name)
+        return (self._sum([p.float() for p in parts]) / self.size).to(x.dtype)
+
+    def same_on_every_rank(self, value: Any, name: str) -> bool:
+        parts = self._all(torch.tensor(int(value), dtype=torch.int64), name)
+        return all(int(p) == int(parts[0]) for p in parts)
+
+    def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self.traffic.add("allreduce", x.numel() * x.element_size())
+        return self._sum(self._all(x, name))
+
+    def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self.traffic.add("allgather", x.numel() * x.element_size())
+        return torch.stack(self._all(x, name))
+
+    def pairwise(self, x: torch.Tensor, partner: int, name: str) -> torch.Tensor:
+        self.traffic.add("pairwise", x.numel() * x.element_size())
+        return self._all(x, name)[partner]
+
+    def gather(self, x: torch.Tensor, name: str) -> Optional[torch.Tensor]:
+        self.traffic.add("gather", x.numel() * x.element_size())
+        parts = self._all(x, name)
+        return torch.stack(parts) if self.rank == 0 else None
+
+    def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self.traffic.add("broadcast", x.numel() * x.element_size())
+        return self._all(x, name)[0]

@@ -1,0 +1,84 @@
+"""Bytes on the wire, one function per collective algorithm, written once: what every
+method's byte count, the equal-bytes comparisons and the cost model use.
+
+A collective is a ``(kind, n)`` pair, n = the payload bytes one rank contributes:
+
+- ``allreduce``  ring (reduce-scatter + allgather): 2(P−1) rounds of n/P
+- ``tree``       recursive-doubling allreduce: ⌈log2 P⌉ rounds of n
+- ``allgather``  ring: P−1 rounds of n
+- ``pairwise``   one exchange with one partner (a recursive-doubling round): 1 round of n
+- ``gather``     star, every rank to rank 0: rank 0 receives (P−1)·n
+- ``broadcast``  binomial tree from rank 0: ⌈log2 P⌉ rounds of n through rank 0
+
+``wire_bytes`` is what the busiest rank sends plus receives; ``rounds`` the bytes its link
+carries in each round in turn (the cost model charges α + bytes/β per round).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+KINDS = ("allreduce", "tree", "allgather", "pairwise", "gather", "broadcast")
+Collective = tuple[str, float]
+
+
+def rounds(kind: str, nbytes: float, ranks: int) -> list[float]:
+    """The bytes of each round the busiest rank's link carries in turn for one collective."""
+    P = ranks
+    if kind not in KINDS:
+        raise ValueError(f"collective kind must be one of {KINDS}, got {kind!r}")
+    if P <= 1:
+        return []
+    if kind == "allreduce":
+        return [nbytes / P] * (2 * (P - 1))
+    if kind in ("tree", "broadcast"):
+        return [nbytes] * math.ceil(math.log2(P))
+    if kind == "allgather":
+        return [nbytes] * (P - 1)
+    if kind == "pairwise":
+        return [nbytes]
+    return [(P - 1) * nbytes]  # gather
+
+
+def wire_bytes(kind: str, nbytes: float, ranks: int) -> float:
+    """Bytes sent plus received by the busiest rank for one collective of ``nbytes`` per rank:
+    allreduce 4(P−1)/P·n, tree 2⌈log2 P⌉·n, allgather 2(P−1)·n, pairwise 2n, gather (P−1)·n
+    (received by rank 0), broadcast ⌈log2 P⌉·n (sent by rank 0)."""
+    one_way = sum(rounds(kind, nbytes, ranks))
+    return one_way if kind in ("gather", "broadcast") else 2 * one_way
+
+
+def total_wire_bytes(collectives: list[Collective], ranks: int) -> float:
+    """:func:`wire_bytes` summed over a step's collectives."""
+    return sum(wire_bytes(kind, n, ranks) for kind, n in collectives)
+
+
+@dataclass
+class Traffic:
+    """The collectives a rank issued, counted as it issues them.
+
+    steps: steps finished (``end_step``); payload / wire: cumulative payload bytes handed to
+    collectives and :func:`wire_bytes` through this rank's busiest position; last_step: the
+    (kind, n) collectives of the last finished step, in order (the cost model's input)."""
+
+    ranks: int
+    steps: int = 0
+    payload: float = 0.0
+    wire: float = 0.0
+    last_step: list[Collective] = field(default_factory=list)
+    _current: list[Collective] = field(default_factory=list)
+
+    def add(self, kind: str, nbytes: float) -> None:
+        self._current.append((kind, float(nbytes)))
+        self.payload += nbytes
+        self.wire += wire_bytes(kind, nbytes, self.ranks)
+
+    def end_step(self) -> None:
+        self.last_step, self._current = self._current, []
+        self.steps += 1
+
+    def per_step(self) -> tuple[float, float]:
+        """(payload, wire) bytes per finished step, mean so far."""
+        steps = max(1, self.steps)
+        return self.payload / steps, self.wire / steps
