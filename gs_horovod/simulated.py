@@ -4,8 +4,9 @@ thread running at a time.
 A rank runs until it reaches a collective, deposits its part and hands the turn to the next
 rank; the last rank to arrive completes the collective and hands the turn back to rank 0. So
 every rank computes exactly what it would on its own process (collectives reduce in rank
-order, identically on every rank), and the time a rank holds the turn is its own compute,
-uncontended (``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is both the engine's
+order, identically on every rank), and the time a rank holds the turn outside collectives
+(their reductions included) is its own compute, uncontended
+(``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is both the engine's
 :class:`gs_horovod.gs_sgd.Collectives` (``allreduce`` averages) and the baselines'
 :class:`gs_horovod.baselines.comm.Comm`, over torch tensors.
 """
@@ -52,16 +53,14 @@ class SimulatedRanks:
         self._turn = (rank + 1) % self.size
         self._cv.notify_all()
 
-    def exchange(self, rank: int, x: Any, started: list[float]) -> list[Any]:
+    def exchange(self, rank: int, x: Any) -> list[Any]:
         """Deposits rank's x; returns every rank's x in rank order once all have deposited."""
         with self._cv:
-            self.compute_seconds[rank] += time.perf_counter() - started[0]
             self._slots[rank] = x
             if rank == self.size - 1:
                 self._done, self._slots = self._slots, [None] * self.size
             self._pass_turn(rank)
             self._wait_turn(rank)
-            started[0] = time.perf_counter()
             return list(self._done)
 
     def run(self, fn: Callable[[int, SimulatedComm], T]) -> list[T]:
@@ -70,15 +69,14 @@ class SimulatedRanks:
         self._turn, self._failed = 0, False
 
         def main(rank: int) -> None:
-            started = [0.0]
-            comm = SimulatedComm(self, rank, started)
+            comm = SimulatedComm(self, rank)
             try:
                 with self._cv:
                     self._wait_turn(rank)
-                started[0] = time.perf_counter()
+                comm.started = time.perf_counter()
                 results[rank] = fn(rank, comm)
                 with self._cv:
-                    self.compute_seconds[rank] += time.perf_counter() - started[0]
+                    self.compute_seconds[rank] += time.perf_counter() - comm.started
                     self._pass_turn(rank)
             except _Aborted:
                 pass
@@ -102,15 +100,20 @@ class SimulatedComm:
     """Collectives of rank ``rank`` of a :class:`SimulatedRanks` group, over torch tensors;
     sums in rank order in the input's dtype (f32 inputs: f32 arithmetic), as one ring would."""
 
-    def __init__(self, group: SimulatedRanks, rank: int, started: list[float]) -> None:
+    def __init__(self, group: SimulatedRanks, rank: int) -> None:
         self.group, self.rank, self.size = group, rank, group.size
         self.traffic = Traffic(group.size)
         self.names: list[str] = []
-        self._started = started
+        self.started = 0.0  # when this rank's current stretch of compute began
 
     def _all(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
+        self.group.compute_seconds[self.rank] += time.perf_counter() - self.started
         self.names.append(name)
-        return self.group.exchange(self.rank, x.clone(), self._started)
+        return self.group.exchange(self.rank, x.clone())
+
+    def _resume(self, result: Any) -> Any:
+        self.started = time.perf_counter()
+        return result
 
     @staticmethod
     def _sum(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -123,29 +126,29 @@ class SimulatedComm:
         """The engine's collective: x averaged over ranks."""
         self.traffic.add("allreduce", x.numel() * x.element_size())
         parts = self._all(x, name)
-        return (self._sum([p.float() for p in parts]) / self.size).to(x.dtype)
+        return self._resume((self._sum([p.float() for p in parts]) / self.size).to(x.dtype))
 
     def same_on_every_rank(self, value: Any, name: str) -> bool:
         parts = self._all(torch.tensor(int(value), dtype=torch.int64), name)
-        return all(int(p) == int(parts[0]) for p in parts)
+        return self._resume(all(int(p) == int(parts[0]) for p in parts))
 
     def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("allreduce", x.numel() * x.element_size())
-        return self._sum(self._all(x, name))
+        return self._resume(self._sum(self._all(x, name)))
 
     def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("allgather", x.numel() * x.element_size())
-        return torch.stack(self._all(x, name))
+        return self._resume(torch.stack(self._all(x, name)))
 
     def pairwise(self, x: torch.Tensor, partner: int, name: str) -> torch.Tensor:
         self.traffic.add("pairwise", x.numel() * x.element_size())
-        return self._all(x, name)[partner]
+        return self._resume(self._all(x, name)[partner])
 
     def gather(self, x: torch.Tensor, name: str) -> Optional[torch.Tensor]:
         self.traffic.add("gather", x.numel() * x.element_size())
         parts = self._all(x, name)
-        return torch.stack(parts) if self.rank == 0 else None
+        return self._resume(torch.stack(parts) if self.rank == 0 else None)
 
     def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("broadcast", x.numel() * x.element_size())
-        return self._all(x, name)[0]
+        return self._resume(self._all(x, name)[0])

@@ -1,24 +1,30 @@
 """Convergence of every method at a fixed step budget, k = 1/100 and 1/1000, over several
 seeds: held-out accuracy (MNIST-5k CNN, ``scripts/train_torch.py``) or per-byte perplexity
-(stdlib-source LSTM, ``scripts/train_lm.py``) against steps and against cumulative bytes.
+(stdlib-source LSTM, ``scripts/train_lm.py``) against steps and against cumulative wire bytes.
 
     python scripts/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
     python scripts/bench_convergence.py --model lm --hidden 512 --out-dir docs
     python scripts/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
 
 Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of the model's script;
-writes ``convergence_<model>.json``, ``convergence_<model>.png`` and a Markdown table (mean ±
-half the range over seeds) to stdout. A run that fails (e.g. a GsSketch option the installed engine
-does not have yet) is reported and left out, the others go on.
+writes ``convergence_<model>.json``, ``convergence_<model>.png`` and Markdown tables (mean ±
+half the range over seeds) to stdout. A run that fails is reported and left out, the others go on.
 
-Methods: dense and fp16 (Horovod's), gs global and gs layer (GsSketch with ``scope="global"``
-/ ``"layer"``; every other GsSketch option at its default), topk, gtopk, sketched, powersgd.
+Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
+allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
+star into rank 0), with the payload handed to collectives beside it. Methods: dense (Horovod's),
+gs (GsSketch's defaults, global scope), top-k allgather and gTop-k with global and per-tensor
+selection, Sketched-SGD over the whole model at its published sizes (5 rows × 10k columns,
+4k candidates) and at the size whose wire bytes equal gs-SGD's at the same P and k
+(``sketched = gs``, see :func:`equal_wire_sketched`), PowerSGD at rank 1 and rank 4. Every
+method sends tensors under 1,024 elements exactly and selects with the project's kernels.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -26,25 +32,87 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# label: (train_torch.py --compression, extra arguments); compressed methods also get --ratio
+# label: (train script --compression, extra arguments); compressed methods also get --ratio
 METHODS = {
     "dense": ("none", []),
     "fp16": ("fp16", []),
-    "gs global": ("gs", ["--gs", "scope=global"]),
+    "gs": ("gs", []),
     "gs layer": ("gs", ["--gs", "scope=layer"]),
     "topk": ("topk", []),
+    "topk layer": ("topk", ["--opt", "scope=layer"]),
     "gtopk": ("gtopk", []),
+    "gtopk layer": ("gtopk", ["--opt", "scope=layer"]),
     "sketched": ("sketched", []),
-    "powersgd": ("powersgd", []),
+    "sketched = gs": ("sketched", []),  # sizes from equal_wire_sketched() at run time
+    "powersgd r1": ("powersgd", ["--opt", "rank=1"]),
+    "powersgd r4": ("powersgd", ["--opt", "rank=4"]),
 }
-UNCOMPRESSED = ("dense", "fp16")
+DEFAULT_METHODS = ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", "sketched", "sketched = gs",
+                   "powersgd r1", "powersgd r4"]
+UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r4")  # k does not apply: one run per seed
 # model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
     "cnn": ("MNIST-5k CNN", "scripts/train_torch.py", ["--model", "cnn"], "accuracy"),
     "mlp": ("digits MLP", "scripts/train_torch.py", ["--model", "mlp"], "accuracy"),
     "lm": ("LSTM LM on stdlib sources", "scripts/train_lm.py", [], "perplexity"),
 }
-QUICK = {"methods": ["dense", "gs", "topk"], "ratios": [0.01], "seeds": [0], "epochs": 2}
+QUICK = {"methods": ["dense", "gs", "gtopk", "sketched = gs"], "ratios": [0.01], "seeds": [0], "epochs": 1,
+         "ranks": 2, "model": "mlp"}
+
+
+def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
+    """The parameter shapes of the run's model, in name order (as every method lays them out)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from workloads import LstmLM, MnistCNN
+
+    if args.model == "lm":
+        model = LstmLM(hidden=args.hidden or 1536)
+    elif args.model == "cnn":
+        model = MnistCNN(args.hidden or 256)
+    else:
+        from train_torch import make_model
+
+        model = make_model(argparse.Namespace(model="mlp", hidden=args.hidden or 256))
+    return [tuple(p.shape) for _, p in sorted(model.named_parameters())]
+
+
+def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> float:
+    """Wire bytes per step through a rank of GsSketch at its defaults and ``ratio``: the sketch
+    and the exact round (with the small tensors) as two ring allreduces."""
+    from gs_horovod.gs_sgd import GsConfig, Layout
+    from gs_horovod.wire import total_wire_bytes
+
+    cfg = GsConfig(ratio=ratio)
+    sizes = [math.prod(s) for s in shapes]
+    big = [(f"t{i:04d}", d) for i, d in enumerate(sizes) if d >= cfg.min_size]
+    small = [(f"t{i:04d}", d) for i, d in enumerate(sizes) if d < cfg.min_size]
+    layout = Layout.build([n for n, _ in big], [d for _, d in big], cfg, tuple(n for n, _ in small),
+                          tuple(d for _, d in small))
+    sketch, exact, dense = layout.payload_bytes(cfg)
+    return total_wire_bytes([("allreduce", sketch), ("allreduce", exact + dense)], ranks)
+
+
+def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> dict:
+    """Sketched-SGD's sizes whose wire bytes through rank 0 equal gs-SGD's: 5 rows (published),
+    the largest p2 of 4, 2, 1 that leaves room for at least one column per k (else p2 = 1 and
+    fewer columns than k), and the width that fills the rest (wire bytes grow linearly with it)."""
+    from gs_horovod.baselines import SketchedSGD
+    from gs_horovod.wire import total_wire_bytes
+
+    target = gs_wire(shapes, ratio, ranks)
+
+    def wire(p2: int, width: float) -> float:
+        return total_wire_bytes(SketchedSGD(ratio=ratio, width=width, p2=p2).planned(shapes, ranks), ranks)
+
+    for p2 in (4, 2, 1):
+        base, per_col = wire(p2, 1e-9), wire(p2, 1.0) - wire(p2, 1e-9)
+        width = (target - base) / per_col
+        if width >= 1.0 or (p2 == 1 and width > 0):
+            # ceil(width·k) columns: step down until the rounded size is within the budget
+            while wire(p2, width) > target:
+                width *= 0.999
+            return {"p2": p2, "width": round(width, 4)}
+    raise ValueError(f"no Sketched-SGD size fits gs-SGD's {target:,.0f} wire bytes at P = {ranks}, k = {ratio}")
 
 
 def budget(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -61,7 +129,7 @@ def final(seeds: dict, metric: str) -> float:
 
 
 def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
-    compression, extra = METHODS.get(label, (label, []))
+    compression, extra = METHODS[label]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "h.json")
         launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -73,16 +141,20 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
             cmd += ["--hidden", str(args.hidden)]
         if label not in UNCOMPRESSED:
             cmd += ["--ratio", str(ratio)]
+        if label == "sketched = gs":
+            sizes = equal_wire_sketched(model_shapes(args), ratio, args.ranks)
+            cmd += [arg for name, value in sizes.items() for arg in ("--opt", f"{name}={value}")]
         env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
         subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
         return json.loads(Path(out).read_text())
 
 
 def curves(result: dict, metric: str) -> tuple[list[int], list[float], list[float]]:
-    """(cumulative steps, cumulative MB per rank, held-out metric) per evaluation of one run."""
+    """(cumulative steps, cumulative wire MB through a rank, held-out metric) per evaluation of
+    one run."""
     h = result["history"]
     steps = [e["epoch"] * e["steps"] for e in h]
-    return steps, [s * e["bytes_per_step"] / 1e6 for s, e in zip(steps, h)], [e[metric] for e in h]
+    return steps, [s * e["wire_bytes_per_step"] / 1e6 for s, e in zip(steps, h)], [e[metric] for e in h]
 
 
 def plot(runs: dict, path: Path, title: str, metric: str) -> None:
@@ -99,7 +171,7 @@ def plot(runs: dict, path: Path, title: str, metric: str) -> None:
     for key, seeds in runs.items():
         label, ratio = key.rsplit(" @ ", 1)
         colour = colours.setdefault(label, f"C{len(colours)}")
-        style = "--" if ratio == "0.001" else "-"
+        style = "--" if ratio == "0.001" else ":" if ratio == "1" else "-"
         per_seed = [curves(r, metric) for r in seeds.values()]
         steps = per_seed[0][0]
         values = np.array([c[2] for c in per_seed])
@@ -108,7 +180,7 @@ def plot(runs: dict, path: Path, title: str, metric: str) -> None:
             ax.plot(x, values.mean(0), style, color=colour, label=key)
             ax.fill_between(x, values.min(0), values.max(0), color=colour, alpha=0.15)
     axes[0].set(xlabel="steps", ylabel=f"held-out {metric}")
-    axes[1].set(xlabel="MB handed to collectives per rank (cumulative)", ylabel=f"held-out {metric}", xscale="log")
+    axes[1].set(xlabel="wire MB through the busiest rank (cumulative)", ylabel=f"held-out {metric}", xscale="log")
     if metric == "perplexity":
         for ax in axes:
             ax.set_yscale("log")
@@ -123,21 +195,23 @@ def plot(runs: dict, path: Path, title: str, metric: str) -> None:
 def table(runs: dict, metric: str) -> str:
     best_of = min if metric == "perplexity" else max
     lines = [f"| method @ k/d | seeds | final {metric} (mean ± half range) | best {metric} (mean) | "
-             "bytes/step/rank | seconds (mean) |", "|---|---|---|---|---|---|"]
+             "wire bytes/step (busiest rank) | payload bytes/step/rank | seconds (mean) |",
+             "|---|---|---|---|---|---|---|"]
     for key, seeds in runs.items():
         finals = [r["history"][-1][metric] for r in seeds.values()]
         bests = [best_of(e[metric] for e in r["history"]) for r in seeds.values()]
         sent = sum(r["history"][-1]["bytes_per_step"] for r in seeds.values()) / len(seeds)
+        wire = sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds.values()) / len(seeds)
         secs = sum(r["seconds"] for r in seeds.values()) / len(seeds)
         mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
         lines.append(f"| {key} | {len(seeds)} | {mean:.4f} ± {half:.4f} | {sum(bests) / len(bests):.4f} "
-                     f"| {sent:,.0f} | {secs:.1f} |")
+                     f"| {wire:,.0f} | {sent:,.0f} | {secs:.1f} |")
     return "\n".join(lines)
 
 
 def at_bytes(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
     """(mean metric, mean MB) over seeds at each run's last evaluation within ``mb`` cumulative
-    MB per rank; None when a run's first evaluation already sent more."""
+    wire MB through a rank; None when a run's first evaluation already sent more."""
     points = []
     for r in seeds.values():
         _, sent, values = curves(r, metric)
@@ -148,10 +222,10 @@ def at_bytes(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
     return sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points)
 
 
-def headline(runs: dict, metric: str, reference: str = "gs global") -> str:
+def headline(runs: dict, metric: str, reference: str = "gs") -> str:
     """``reference`` against dense at its final evaluation (accuracy: points; perplexity: %), and
-    every method at the same k at equal bytes: its metric when it had sent no more than the
-    reference's whole budget (mean over seeds)."""
+    every other method (at the same k, and those without a k) at equal wire bytes: its metric
+    when it had sent no more wire bytes than the reference's whole budget (mean over seeds)."""
     lines = []
     dense = runs.get("dense @ 1")
     for key, seeds in runs.items():
@@ -164,9 +238,9 @@ def headline(runs: dict, metric: str, reference: str = "gs global") -> str:
             gap = (f"{100 * (last - d):+.2f} points" if metric == "accuracy"
                    else f"{100 * (last / d - 1):+.1f} %")
             lines.append(f"{key}: final {metric} {last:.4f}, dense {d:.4f} ({gap} against dense)")
-        lines.append(f"  at equal bytes (≤ {sent:.3g} MB per rank, {reference}'s whole budget):")
+        lines.append(f"  at equal wire bytes (≤ {sent:.3g} MB through a rank, {reference}'s whole budget):")
         for other, peer in runs.items():
-            if other.rsplit(" @ ", 1)[1] != ratio or other == key:
+            if other.rsplit(" @ ", 1)[1] not in (ratio, "1") or other == key or other.startswith("dense"):
                 continue
             got = at_bytes(peer, metric, sent)
             lines.append(f"    {other}: " + (f"{got[0]:.4f} after {got[1]:.3g} MB" if got
@@ -184,18 +258,20 @@ def main() -> None:
     p.add_argument("--hidden", type=int, help="the model's --hidden (default: the script's)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--methods", nargs="+", default=list(METHODS),
-                   help=f"labels of {list(METHODS)}, or any train_torch.py --compression (e.g. gs: engine defaults)")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help=f"labels of {list(METHODS)}")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke subset: {QUICK['methods']}, ratio {QUICK['ratios']}, seed {QUICK['seeds']}, "
-                        f"{QUICK['epochs']} epochs")
+                        f"{QUICK['epochs']} epoch, {QUICK['ranks']} ranks, the {QUICK['model']}")
     p.add_argument("--out-dir", default="docs")
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
     args = p.parse_args()
     if args.quick:
-        args.methods, args.ratios, args.seeds, args.epochs = (QUICK["methods"], QUICK["ratios"], QUICK["seeds"],
-                                                              QUICK["epochs"])
+        args.methods, args.ratios, args.seeds, args.epochs, args.ranks, args.model = (
+            QUICK["methods"], QUICK["ratios"], QUICK["seeds"], QUICK["epochs"], QUICK["ranks"], QUICK["model"])
+    unknown = [m for m in args.methods if m not in METHODS]
+    if unknown:
+        p.error(f"unknown methods {unknown}; known: {list(METHODS)}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = out / f"convergence_{args.model}.json"

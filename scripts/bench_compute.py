@@ -1,0 +1,129 @@
+"""Compression compute per method, side by side: one rank's whole compression work per step
+(error feedback, selection, sketching, the merges it computes, the update and residual),
+with P ranks simulated in one process (``gs_horovod.simulated``: one rank runs at a time, so
+each rank's time outside collectives is its own, uncontended; collectives cost nothing here).
+The busiest rank's time is reported (Sketched-SGD: rank 0, which merges P sketches).
+
+    python scripts/bench_compute.py --out docs/bench_compute.json      # D = 2^24, P = 4, 16, k = D/100, D/1000
+    python scripts/bench_compute.py --quick                            # P = 4, k = D/1000, one timed step
+
+D = 2^24 float32 coordinates as three matrices (4096×2048, 4096×1024, 2048×2048), each rank
+with its own N(0, 1) gradient; every method runs with global scope (one selection over all D),
+with the project's kernels (``top_abs``, the Count-Sketch kernels) and one torch/Numba thread
+per rank. gs-SGD is the engine (``GsSgd``) at GsSketch's defaults. The last line of the output
+is ``gtopk_vs_topk_allgather <ratio>``: gTop-k's compute over top-k allgather's at P = 4, k = D/1000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any, Callable
+
+import torch
+
+from gs_horovod.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+from gs_horovod.simulated import SimulatedRanks
+from gs_horovod.torch import TorchOps
+
+SHAPES = [(4096, 2048), (4096, 1024), (2048, 2048)]  # 2^24 coordinates
+NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
+
+
+class GsRank:
+    """One rank's gs-SGD state, as the torch adapter keeps it, stepping the real engine."""
+
+    def __init__(self, ratio: float, shapes: list[tuple[int, ...]]) -> None:
+        self.config = GsConfig(ratio=ratio)
+        sizes = [s[0] * s[1] for s in shapes]
+        self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config)
+        self.residuals = [torch.zeros(d) for d in sizes]
+        self.steps = 0
+
+    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> list[torch.Tensor]:
+        engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
+        out = engine.step(self.layout, [g.reshape(-1) for _, g in named], self.residuals, [], self.steps,
+                          self.steps == 0)
+        self.residuals, self.steps = out.residuals, out.steps
+        return out.updates
+
+
+METHODS: dict[str, Callable[[float, list], Any]] = {
+    "gs-SGD (defaults)": lambda r, shapes: GsRank(r, shapes),
+    "top-k allgather": lambda r, shapes: TopKAllgather(ratio=r),
+    "gTop-k": lambda r, shapes: GTopK(ratio=r),
+    "Sketched-SGD (published sizes)": lambda r, shapes: SketchedSGD(ratio=r),
+    "PowerSGD r1": lambda r, shapes: PowerSGD(rank=1),
+    "PowerSGD r4": lambda r, shapes: PowerSGD(rank=4),
+}
+
+
+def measure(method: str, ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> dict:
+    """Seconds of the busiest rank's compute per step: median (and min, max) over ``steps``
+    timed steps after one untimed step (kernel compilation, warm starts)."""
+    grads = []
+    for r in range(ranks):
+        g = torch.Generator().manual_seed(r)
+        grads.append([(n, torch.randn(s, generator=g)) for n, s in zip(NAMES, shapes)])
+    group = SimulatedRanks(ranks)
+    states = [METHODS[method](ratio, shapes) for _ in range(ranks)]
+
+    def one_step(rank: int, comm: Any) -> None:
+        torch.set_num_threads(1)
+        states[rank].exchange(grads[rank], comm)
+
+    group.run(one_step)
+    times = []
+    for _ in range(steps):
+        group.compute_seconds = [0.0] * ranks
+        group.run(one_step)
+        times.append(max(group.compute_seconds))
+    return {"method": method, "ratio": ratio, "ranks": ranks, "dim": sum(a * b for a, b in shapes),
+            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "steps": steps}
+
+
+def table(rows: list[dict]) -> str:
+    cells = sorted({(r["ranks"], r["ratio"]) for r in rows}, key=lambda c: (c[0], -c[1]))
+    at = {(r["method"], r["ranks"], r["ratio"]): r for r in rows}
+    head = " | ".join(f"P = {P}, k = D/{round(1 / ratio)}" for P, ratio in cells)
+    lines = [f"| method (busiest rank, s/step: median [min–max]) | {head} |", "|---|" + "---|" * len(cells)]
+    for m in dict.fromkeys(r["method"] for r in rows):
+        out = []
+        for P, ratio in cells:
+            r = at.get((m, P, ratio))
+            out.append(f"{r['median_s']:.3f} [{r['min_s']:.3f}–{r['max_s']:.3f}]" if r else "")
+        lines.append(f"| {m} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[4, 16])
+    p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--steps", type=int, default=3, help="timed steps per cell")
+    p.add_argument("--scale", type=int, default=1, help="divide every matrix's rows by this (smaller D)")
+    p.add_argument("--quick", action="store_true", help="P = 4, k = D/1000, one timed step")
+    p.add_argument("--out", help="write the rows as JSON here")
+    args = p.parse_args()
+    if args.quick:
+        args.ranks, args.ratios, args.steps = [4], [0.001], 1
+    shapes = [(a // args.scale, b) for a, b in SHAPES]
+    rows = []
+    for P in args.ranks:
+        for ratio in args.ratios:
+            for method in METHODS:
+                rows.append(measure(method, ratio, P, shapes, args.steps))
+                print(f"[bench_compute] P={P} k=D·{ratio:g} {method}: {rows[-1]['median_s']:.3f} s", flush=True)
+    print(table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    if (4, 0.001) in {(r["ranks"], r["ratio"]) for r in rows}:
+        at = {(r["method"], r["ranks"], r["ratio"]): r["median_s"] for r in rows}
+        print(f"gtopk_vs_topk_allgather {at['gTop-k', 4, 0.001] / at['top-k allgather', 4, 0.001]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
