@@ -60,28 +60,30 @@ METHODS: dict[str, Callable[[float, list], Any]] = {
 }
 
 
-def measure(method: str, ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> dict:
-    """Seconds of the busiest rank's compute per step: median (and min, max) over ``steps``
-    timed steps after one untimed step (kernel compilation, warm starts)."""
+def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> list[dict]:
+    """Seconds of the busiest rank's compute per step for each method: median (and min, max)
+    over ``steps`` timed steps after one untimed step (kernel compilation, warm starts). The
+    methods take turns step by step, so a change in the machine's load hits them alike."""
     grads = []
     for r in range(ranks):
         g = torch.Generator().manual_seed(r)
         grads.append([(n, torch.randn(s, generator=g)) for n, s in zip(NAMES, shapes)])
-    group = SimulatedRanks(ranks)
-    states = [METHODS[method](ratio, shapes) for _ in range(ranks)]
+    states = {m: [METHODS[m](ratio, shapes) for _ in range(ranks)] for m in methods}
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for step in range(steps + 1):
+        for m in methods:
+            group = SimulatedRanks(ranks)
 
-    def one_step(rank: int, comm: Any) -> None:
-        torch.set_num_threads(1)
-        states[rank].exchange(grads[rank], comm)
+            def one_step(rank: int, comm: Any, m: str = m) -> None:
+                torch.set_num_threads(1)
+                states[m][rank].exchange(grads[rank], comm)
 
-    group.run(one_step)
-    times = []
-    for _ in range(steps):
-        group.compute_seconds = [0.0] * ranks
-        group.run(one_step)
-        times.append(max(group.compute_seconds))
-    return {"method": method, "ratio": ratio, "ranks": ranks, "dim": sum(a * b for a, b in shapes),
-            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "steps": steps}
+            group.run(one_step)
+            if step:
+                times[m].append(max(group.compute_seconds))
+    return [{"method": m, "ratio": ratio, "ranks": ranks, "dim": sum(a * b for a, b in shapes),
+             "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "steps": steps}
+            for m, t in times.items()]
 
 
 def table(rows: list[dict]) -> str:
@@ -113,9 +115,9 @@ def main() -> None:
     rows = []
     for P in args.ranks:
         for ratio in args.ratios:
-            for method in METHODS:
-                rows.append(measure(method, ratio, P, shapes, args.steps))
-                print(f"[bench_compute] P={P} k=D·{ratio:g} {method}: {rows[-1]['median_s']:.3f} s", flush=True)
+            for row in measure(list(METHODS), ratio, P, shapes, args.steps):
+                rows.append(row)
+                print(f"[bench_compute] P={P} k=D·{ratio:g} {row['method']}: {row['median_s']:.3f} s", flush=True)
     print(table(rows))
     if args.out:
         with open(args.out, "w") as f:
