@@ -74,11 +74,17 @@ def gs_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, Any]]:
     """(ratio, options) for ``args.compression``: GsSketch's as the user gave them
-    (:func:`gs_options`), a baseline's ``--ratio`` and ``--opt`` items, nothing for none/fp16."""
+    (:func:`gs_options`), a baseline's ``--ratio`` and ``--opt`` items, nothing for none/fp16
+    (which refuse both, as GsSketch refuses ``--opt``: no flag is silently ignored)."""
+    if args.opt and args.compression in ("gs", "none", "fp16"):
+        raise SystemExit(f"--opt is for the baselines; --compression {args.compression} does not take it"
+                         + (" (GsSketch's options go with --gs NAME=VALUE)" if args.compression == "gs" else ""))
     if args.compression == "gs":
         options = gs_options(args)
         return options.pop("ratio", None), options
     if args.compression in ("none", "fp16"):
+        if args.ratio is not None:
+            raise SystemExit(f"--compression {args.compression} sends every coordinate: it takes no --ratio")
         return None, {}
     return args.ratio, _name_values(args.opt, "--opt")
 

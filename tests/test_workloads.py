@@ -130,6 +130,27 @@ def test_demo_passes_only_the_gsketch_options_the_user_gave():
                                 "sketch_dtype": "float16"}
 
 
+def test_demo_passes_baseline_options_and_none_to_horovods_methods():
+    import argparse
+
+    from demo_common import add_compression_flags, method_options
+
+    p = argparse.ArgumentParser()
+    add_compression_flags(p, ["gs", "none", "gtopk", "powersgd"])
+    args = p.parse_args(["--compression", "gtopk", "--ratio", "0.001", "--opt", "scope=layer", "--opt", "min_size=64"])
+    assert method_options(args) == (0.001, {"scope": "layer", "min_size": 64})
+    assert method_options(p.parse_args(["--compression", "powersgd", "--opt", "rank=1"])) == (None, {"rank": 1})
+    assert method_options(p.parse_args(["--compression", "gs", "--ratio", "0.01", "--gs", "rows=5"])) == (
+        0.01, {"rows": 5})
+    assert method_options(p.parse_args(["--compression", "none"])) == (None, {})
+    for bad in (["--compression", "none", "--opt", "rank=1"], ["--compression", "gs", "--opt", "rows=5"],
+                ["--compression", "none", "--ratio", "0.01"]):
+        with pytest.raises(SystemExit, match="--opt|--ratio"):
+            method_options(p.parse_args(bad))
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        method_options(p.parse_args(["--compression", "gtopk", "--opt", "scope"]))
+
+
 def test_console_drops_tensorflow_start_up_notices_only():
     from console import clean
 

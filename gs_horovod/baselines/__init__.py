@@ -63,7 +63,8 @@ def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ra
     """(optimizer, :class:`Meter`) for ``method`` in :data:`ALL_METHODS`: "gs" (GsSketch in
     Horovod's DistributedOptimizer with ``ratio`` and ``options``), "none" and "fp16"
     (Horovod's), or a baseline of :data:`METHODS` (``options`` are its constructor's:
-    scope, min_size, rank, rows, width, p2). ``ratio`` None: the method's default."""
+    scope, min_size, rank, rows, width, p2). ``ratio`` None: the method's default (PowerSGD
+    takes none)."""
     import horovod.torch as hvd
 
     from ..torch import GsSketch
@@ -71,6 +72,8 @@ def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ra
     named = list(named_parameters)
     ratio_arg = {} if ratio is None else {"ratio": ratio}
     if method in METHODS:
+        if method == "powersgd" and ratio is not None:
+            raise ValueError(f"PowerSGD takes no ratio (its rank sets the size), got ratio={ratio}")
         exchange = METHODS[method](**ratio_arg, **options)
         comm = HorovodComm()
         return ExchangeOptimizer(optimizer, named, exchange, comm), Meter.of_traffic(comm.traffic)

@@ -154,11 +154,10 @@ class PowerSGD(Exchange):
     n×m matrix M (first dimension × the rest); P = M·Q, allreduce-mean P, orthonormalise
     (QR); Q = Mᵀ·P, allreduce-mean Q; the update is P·Qᵀ and this rank's sent part P·(Mᵀ·P)ᵀ.
     Matrices that would not shrink (min(n, m) ≤ r, e.g. 1-D tensors) are averaged uncompressed
-    in one allreduce. ``ratio`` and ``scope`` do not apply: the rank sets the size."""
+    in one allreduce. It takes no ``ratio`` or ``scope``: the rank sets the size, per matrix."""
 
-    def __init__(self, ratio: float = 0.01, scope: str = "global", min_size: int = 1024, backend: str = "auto",
-                 rank: int = 4, seed: int = 0) -> None:
-        super().__init__(ratio, scope, min_size, backend)
+    def __init__(self, rank: int = 4, min_size: int = 1024, backend: str = "auto", seed: int = 0) -> None:
+        super().__init__(1.0, "layer", min_size, backend)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {rank!r}")
         self.rank, self.seed = rank, seed

@@ -23,7 +23,8 @@ VARIANTS = {
 
 def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tuple:
     method, options = VARIANTS[variant]
-    exchange = METHODS[method](ratio=ratio, **{**options, **extra})
+    size = {} if method == "powersgd" else {"ratio": ratio}
+    exchange = METHODS[method](**size, **{**options, **extra})
     comm = HorovodComm()
     model = mlp(seed)
     opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
