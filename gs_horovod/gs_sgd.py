@@ -35,9 +35,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from .array_ops import Array, ArrayOps
 from .kernels import BACKENDS
 from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
-from .sketch import Array, ArrayOps
 
 NONFINITE = ("raise", "skip")
 SCOPES = ("global", "layer")
@@ -412,15 +412,3 @@ class CommStats:
     @property
     def total_bytes(self) -> int:
         return self.sketch_bytes + self.exact_bytes + self.dense_bytes
-
-
-@dataclass
-class MergeStats:
-    """Per-rank traffic of ``tree_allreduce`` calls (cumulative): bytes this rank sent and
-    point-to-point rounds it took part in, split by level."""
-
-    bytes_sent: int = 0
-    doubling_rounds: int = 0
-    node_rounds: int = 0
-    calls: int = 0
-

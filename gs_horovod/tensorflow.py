@@ -26,7 +26,7 @@ import re
 import sys
 import zlib
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -42,108 +42,9 @@ from .compressor import (
     check_merge,
     config_from,
 )
-from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
-from .kernels import tf_ops
-
-_DTYPES = {"float16": tf.float16, "float32": tf.float32}
-
-
-class TfOps:
-    """:class:`gs_horovod.sketch.ArrayOps` for TensorFlow: pure TF ops, graph-safe."""
-
-    def zeros(self, shape: tuple[int, ...], like: Any) -> tf.Tensor:
-        return tf.zeros(shape, tf.float32)
-
-    def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
-        return tf.zeros_like(x)
-
-    def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
-        return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
-
-    def split(self, x: tf.Tensor, sizes: tuple[int, ...]) -> list[tf.Tensor]:
-        return [x] if len(sizes) == 1 else tf.split(x, list(sizes))
-
-    def slice(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
-        return x[start:start + size]
-
-    def reshape(self, x: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
-        return tf.reshape(x, shape)
-
-    def stack(self, xs: list[tf.Tensor]) -> tf.Tensor:
-        return tf.stack(xs)
-
-    def cast(self, x: tf.Tensor, dtype: str) -> tf.Tensor:
-        return tf.cast(x, _DTYPES[dtype])
-
-    def take(self, x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
-        return tf.gather(x, idx)
-
-    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any) -> tf.Tensor:
-        return tf.scatter_nd(idx[:, None], vals, [n])
-
-    def scatter_sub(self, x: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
-        return tf.tensor_scatter_nd_sub(x, idx[:, None], vals)
-
-    def where(self, mask: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-        return tf.where(mask, a, b)
-
-    def isin_sorted(self, x: tf.Tensor, ref: tf.Tensor) -> tf.Tensor:
-        pos = tf.minimum(tf.searchsorted(ref, x), tf.maximum(tf.size(ref, tf.int32) - 1, 0))
-        return tf.equal(tf.gather(ref, pos), x)
-
-    def all_finite(self, x: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_all(tf.math.is_finite(x))
-
-    def not_finite(self, x: tf.Tensor) -> tf.Tensor:
-        return 1.0 - tf.cast(self.all_finite(x), tf.float32)
-
-    def logical_and(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-        return tf.logical_and(a, b)
-
-    def top_abs(self, x: tf.Tensor, count: int) -> tf.Tensor:
-        return tf_ops.top_abs(x, count)
-
-    def sketch_accumulate(self, table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
-        return tf_ops.accumulate(table, vec, keys, offset)
-
-    def sketch_accumulate_at(self, table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
-        return tf_ops.accumulate_at(table, idx, vals, keys)
-
-    def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
-        return tf_ops.heavy_hitters(table, keys, length, count)
-
-    def checksum(self, idx: tf.Tensor) -> tf.Tensor:
-        """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""
-        low = tf.reduce_sum(tf.math.floormod(idx, 65521) ** 2) % (2**21)
-        return (tf.reduce_sum(idx) % (2**40)) * (2**21) + low
-
-    def join_names(self, names: tuple[str, ...], flags: tf.Tensor) -> tf.Tensor:
-        quoted = tf.constant([repr(n) for n in names])
-        return tf.strings.reduce_join(tf.boolean_mask(quoted, flags > 0), separator=", ")
-
-    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-        if isinstance(pred, bool):
-            return true_fn() if pred else false_fn()
-        return tf.cond(pred, true_fn, false_fn)
-
-    def when(self, pred: Any, fn: Callable[[], Any]) -> Any:
-        def run() -> tf.Tensor:
-            with tf.control_dependencies([fn()]):
-                return tf.constant(True)
-
-        return self.cond(pred, run, lambda: tf.constant(True))
-
-    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> Any:
-        def text() -> tf.Tensor:
-            return tf.strings.join([p if isinstance(p, tf.Tensor) and p.dtype == tf.string else tf.strings.as_string(p)
-                                    if isinstance(p, (tf.Tensor, tf.Variable)) else str(p) for p in message()])
-
-        pred = tf.convert_to_tensor(pred)
-        return tf.debugging.Assert(pred, [tf.cond(pred, lambda: tf.constant(""), text)], name=error.__name__)
-
-    def after(self, checks: list[Any], values: Any) -> Any:
-        with tf.control_dependencies(checks):
-            return tf.nest.map_structure(tf.identity, values)
+from .gs_sgd import CommStats, GsConfig, GsSgd, Layout
+from .kernels.tf_ops import TfOps
+from .mpi import MergeStats
 
 
 class HorovodCollectives:

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import sys
 import weakref
-import zlib
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import horovod.torch as hvd
 import numpy as np
@@ -41,102 +40,9 @@ from .compressor import (
     check_merge,
     config_from,
 )
-from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
-from .kernels import torch_ops
-
-_DTYPES = {"float16": torch.float16, "float32": torch.float32}
-
-
-class TorchOps:
-    """:class:`gs_horovod.sketch.ArrayOps` for torch tensors, with the chosen sketch kernels."""
-
-    def __init__(self, backend: str = "auto") -> None:
-        self.backend = backend
-
-    def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(shape, dtype=torch.float32, device=like.device)
-
-    def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(x)
-
-    def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        return xs[0] if len(xs) == 1 else torch.cat(xs)
-
-    def split(self, x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
-        return list(torch.split(x, list(sizes)))
-
-    def slice(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
-        return x[start:start + size]
-
-    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return x.reshape(shape)
-
-    def stack(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(xs)
-
-    def cast(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
-        return x.to(_DTYPES[dtype])
-
-    def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return x[idx]
-
-    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float32, device=like.device).index_copy_(0, idx, vals)
-
-    def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        return x.index_add_(0, idx, vals, alpha=-1)
-
-    def where(self, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask, a, b)
-
-    def isin_sorted(self, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-        pos = torch.searchsorted(ref, x).clamp_(max=max(0, len(ref) - 1))
-        return ref[pos] == x if len(ref) else torch.zeros_like(x, dtype=torch.bool)
-
-    def all_finite(self, x: torch.Tensor) -> bool:
-        return bool(torch.isfinite(x).all())
-
-    def not_finite(self, x: torch.Tensor) -> torch.Tensor:
-        return (~torch.isfinite(x)).any().float()
-
-    def logical_and(self, a: bool, b: bool) -> bool:
-        return bool(a) and bool(b)
-
-    def top_abs(self, x: torch.Tensor, count: int) -> torch.Tensor:
-        return torch_ops.top_abs(self.backend, x, count)
-
-    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
-        torch_ops.accumulate(self.backend, table, vec.contiguous(), keys, offset)
-        return table
-
-    def sketch_accumulate_at(self, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
-                             keys: np.ndarray) -> torch.Tensor:
-        torch_ops.accumulate_at(self.backend, table, idx.contiguous(), vals.contiguous(), keys)
-        return table
-
-    def heavy_hitters(self, table: torch.Tensor, keys: np.ndarray, length: int,
-                      count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch_ops.heavy_hitters(self.backend, table.contiguous(), keys, length, count)
-
-    def checksum(self, idx: torch.Tensor) -> int:
-        return zlib.crc32(idx.cpu().numpy().tobytes())
-
-    def join_names(self, names: tuple[str, ...], flags: torch.Tensor) -> str:
-        return ", ".join(repr(n) for n, f in zip(names, flags.tolist()) if f > 0)
-
-    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-        return true_fn() if bool(pred) else false_fn()
-
-    def when(self, pred: Any, fn: Callable[[], Any]) -> None:
-        if bool(pred):
-            fn()
-
-    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> None:
-        if not bool(pred):
-            raise error("".join(str(part) for part in message()))
-
-    def after(self, checks: list[Any], values: Any) -> Any:
-        return values  # torch checks raise at once
+from .gs_sgd import CommStats, GsConfig, GsSgd, Layout
+from .kernels.torch_ops import TorchOps
+from .mpi import MergeStats
 
 
 class HorovodCollectives:

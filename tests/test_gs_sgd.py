@@ -9,7 +9,8 @@ from simulated_ranks import Ranks
 
 from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
-from gs_horovod.torch import GsSketch, TorchOps
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.torch import GsSketch
 
 NAMES = ["a.weight", "b.weight"]
 

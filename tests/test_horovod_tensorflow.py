@@ -14,8 +14,8 @@ def test_tf_and_torch_engines_give_the_same_update(scope):
     from simulated_ranks import Ranks
 
     from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
-    from gs_horovod.tensorflow import TfOps
-    from gs_horovod.torch import TorchOps
+    from gs_horovod.kernels.tf_ops import TfOps
+    from gs_horovod.kernels.torch_ops import TorchOps
 
     rng = np.random.default_rng(0)
     grads = [[(rng.standard_normal(d) * rng.random(d) ** 4).astype(np.float32) for d in (3000, 2000)]
