@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -19,10 +19,17 @@ class ArrayOps(Protocol):
 
     def zeros_like(self, x: Array) -> Array: ...
 
+    def from_numpy(self, x: np.ndarray) -> Array:
+        """The framework's array (on the host) holding x."""
+
+    def copy(self, x: Array) -> Array:
+        """A copy of x that later in-place updates of x do not change."""
+
     def concat(self, xs: list[Array]) -> Array: ...
 
-    def split(self, x: Array, sizes: tuple[int, ...]) -> list[Array]:
-        """Consecutive pieces of x of the given sizes."""
+    def add_parts(self, base: Array, parts: list[Array]) -> Array:
+        """A new (n,) f32: base (n,) plus the pieces (d_i,) f32 laid end to end (Σ d_i = n),
+        without concatenating them first."""
 
     def slice(self, x: Array, start: int, size: int) -> Array: ...
 
@@ -30,14 +37,23 @@ class ArrayOps(Protocol):
 
     def stack(self, xs: list[Array]) -> Array: ...
 
+    def dtype_name(self, x: Array) -> str:
+        """x's dtype as NumPy names it ("float16", "float32", ...)."""
+
+    def plus_minus(self, value: Any) -> Array:
+        """(2,) int64: [value, -value] (value an int or a scalar tensor)."""
+
+    def equal(self, a: Array, b: Array) -> Any:
+        """Predicate: the 0-d a equals b."""
+
     def cast(self, x: Array, dtype: str) -> Array:
         """x as "float16" or "float32"."""
 
     def take(self, x: Array, idx: Array) -> Array:
         """x[idx]."""
 
-    def scatter(self, n: int, idx: Array, vals: Array, like: Array) -> Array:
-        """A new (n,) f32 vector, zero but for vals at idx."""
+    def scatter(self, n: int, idx: Array, vals: Array, like: Array, tail: Optional[Array] = None) -> Array:
+        """A new (n + len(tail),) f32 vector: zero but for vals at idx in [0, n), then ``tail``."""
 
     def scatter_sub(self, x: Array, idx: Array, vals: Array) -> Array:
         """x with x[idx] -= vals (indices unique); may update x in place."""

@@ -18,7 +18,7 @@ int32 keys of |x| and a tie fix by index.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -114,11 +114,17 @@ class TfOps:
     def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
         return tf.zeros_like(x)
 
+    def from_numpy(self, x: np.ndarray) -> tf.Tensor:
+        return tf.constant(x)
+
+    def copy(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.identity(x)
+
     def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
         return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
 
-    def split(self, x: tf.Tensor, sizes: tuple[int, ...]) -> list[tf.Tensor]:
-        return [x] if len(sizes) == 1 else tf.split(x, list(sizes))
+    def add_parts(self, base: tf.Tensor, parts: list[tf.Tensor]) -> tf.Tensor:
+        return base + self.concat(parts)
 
     def slice(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
         return x[start:start + size]
@@ -129,14 +135,26 @@ class TfOps:
     def stack(self, xs: list[tf.Tensor]) -> tf.Tensor:
         return tf.stack(xs)
 
+    def dtype_name(self, x: tf.Tensor) -> str:
+        return x.dtype.name
+
+    def plus_minus(self, value: Any) -> tf.Tensor:
+        value = tf.cast(value, tf.int64)
+        return tf.stack([value, -value])
+
+    def equal(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.equal(a, b)
+
     def cast(self, x: tf.Tensor, dtype: str) -> tf.Tensor:
         return tf.cast(x, _DTYPES[dtype])
 
     def take(self, x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
         return tf.gather(x, idx)
 
-    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any) -> tf.Tensor:
-        return tf.scatter_nd(idx[:, None], vals, [n])
+    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any,
+                tail: Optional[tf.Tensor] = None) -> tf.Tensor:
+        out = tf.scatter_nd(idx[:, None], vals, [n])
+        return out if tail is None else tf.concat([out, tail], 0)
 
     def scatter_sub(self, x: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
         return tf.tensor_scatter_nd_sub(x, idx[:, None], vals)

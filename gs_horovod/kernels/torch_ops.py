@@ -24,7 +24,7 @@ candidates in torch ops. ``"auto"`` picks ``"numba"`` for CPU tensors, ``"cuda"`
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -283,11 +283,21 @@ class TorchOps:
     def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(x)
 
+    def from_numpy(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x)
+
+    def copy(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
     def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return xs[0] if len(xs) == 1 else torch.cat(xs)
 
-    def split(self, x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
-        return list(torch.split(x, list(sizes)))
+    def add_parts(self, base: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        out, start = torch.empty_like(base), 0
+        for p in parts:
+            torch.add(base[start:start + p.numel()], p, out=out[start:start + p.numel()])
+            start += p.numel()
+        return out
 
     def slice(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
         return x[start:start + size]
@@ -298,14 +308,28 @@ class TorchOps:
     def stack(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(xs)
 
+    def dtype_name(self, x: torch.Tensor) -> str:
+        return str(x.dtype).removeprefix("torch.")
+
+    def plus_minus(self, value: int) -> torch.Tensor:
+        return torch.tensor([value, -value], dtype=torch.int64)
+
+    def equal(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        return int(a) == int(b)
+
     def cast(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
         return x.to(_DTYPES[dtype])
 
     def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return x[idx]
 
-    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float32, device=like.device).index_copy_(0, idx, vals)
+    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor,
+                tail: Optional[torch.Tensor] = None) -> torch.Tensor:
+        out = torch.zeros(n + (0 if tail is None else tail.numel()), dtype=torch.float32, device=like.device)
+        out[:n].index_copy_(0, idx, vals)
+        if tail is not None:
+            out[n:] = tail
+        return out
 
     def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
         return x.index_add_(0, idx, vals, alpha=-1)
