@@ -297,14 +297,16 @@ class GsSgd:
             else:
                 a = ops.add_parts(residual, grads)
         exact_part = ops.concat(list(dense)) if layout.dense_names else None
-        state = (layout, a, u, exact_part, residual, momentum, steps, checks)
+        # no momentum travels as () through ops.cond / ops.after (TF's nest has no None leaves)
+        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks)
         if not layout.groups:
             out = self._dense(*state)
         elif cfg.warmup_steps:
             out = ops.cond(steps < cfg.warmup_steps, lambda: self._dense(*state), lambda: self._sketched(*state))
         else:
             out = self._sketched(*state)
-        return StepResult(*out)
+        update, residual, momentum, steps, applied = out
+        return StepResult(update, residual, None if isinstance(momentum, tuple) else momentum, steps, applied)
 
     def _check_options(self) -> Any:
         same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
@@ -321,7 +323,7 @@ class GsSgd:
         mean = self.comm.allreduce(full, "gs_horovod.dense")
         finite = ops.all_finite(mean)
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
-        new_momentum = None if momentum is None else ops.zeros((layout.total,), full)
+        new_momentum = ops.zeros((layout.total,), full) if self.config.momentum else ()
         return self._finish(layout, finite, mean, ops.zeros((layout.total,), full), new_momentum, residual, momentum,
                             steps, checks)
 
@@ -379,7 +381,7 @@ class GsSgd:
                 checks.append(self._fail_unless_finite(layout, finite, a, dense, steps))
         if cfg.check_every:
             checks.append(ops.when(steps % cfg.check_every == 0, lambda: self._check_selection(sel, steps)))
-        new_momentum = ops.scatter_sub(u, sel, ops.take(u, sel)) if cfg.momentum else None
+        new_momentum = ops.scatter_sub(u, sel, ops.take(u, sel)) if cfg.momentum else ()
         new_residual = ops.scatter_sub(a, sel, sent)
         update = ops.scatter(layout.total, sel, values, a, dense_mean)
         return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks)
