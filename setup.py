@@ -14,7 +14,6 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=["gs_horovod", "gs_horovod.kernels", "gs_horovod.baselines"],
-    package_dir={"gs_horovod": "gs_horovod", "gs_horovod.kernels": "kernels"},
     install_requires=["numpy>=1.23", "numba>=0.60"],
     extras_require={
         "torch": ["torch>=2.0", "horovod==0.28.1"],

@@ -1,14 +1,20 @@
-"""What the torch and TensorFlow GsSketch compressors share: option checking, the
-class-as-compressor convention of Horovod, and the checkpoint protocol (gather to rank 0,
-scatter back from it)."""
+"""The GsSketch compressor base, written once for ``horovod.torch`` and ``horovod.tensorflow``
+(parameterised by the ``hvd`` module and the framework's :class:`~gs_horovod.array_ops.ArrayOps`):
+options, ``__repr__``, the op checks, Horovod's and MPI's collectives and their factory, the
+checkpoint API, and the class-as-compressor convention of Horovod."""
 
 from __future__ import annotations
 
-import pickle
-from dataclasses import fields
+import re
+from dataclasses import asdict, fields
 from typing import Any, Callable, Optional
 
-from .gs_sgd import GsConfig
+import numpy as np
+
+from .array_ops import Array, ArrayOps
+from .checkpoint import check_local_state, gather_state, scatter_state
+from .gs_sgd import GsConfig, Layout
+from .mpi import MergeStats
 
 
 class DefaultInstance:
@@ -81,92 +87,127 @@ class DefaultInstanceProperty:
         return self.fget(obj if obj is not None else cls.default())
 
 
-# --- checkpoints: one rank's state, and the state of all ranks gathered on rank 0 ---------------
-
-GATHERED = "gs_horovod.GsSketch.gathered.v1"
-
-Exchange = Callable[[list[bytes]], list[bytes]]
-"""An alltoall of bytes over all Horovod ranks: sends ``out[r]`` to rank r, returns what
-each rank sent to this one (in rank order)."""
+def op_name(name: str) -> str:
+    """A collective's name as Horovod's TF ops accept it (letters, digits, ``_`` and ``.``)."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
 
-def options_difference(saved: dict[str, Any], current: dict[str, Any]) -> str:
-    """``"ratio=0.05 saved, 0.1 now; ..."`` for each option that differs ("" if none)."""
-    keys = sorted(set(saved) | set(current))
-    return "; ".join(f"{k}={saved.get(k, '<absent>')!r} saved, {current.get(k, '<absent>')!r} now"
-                     for k in keys if saved.get(k, "<absent>") != current.get(k, "<absent>"))
+class HorovodCollectives:
+    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's allreduce (``hvd``: horovod.torch or
+    horovod.tensorflow; blocking in torch, graph ops in TF), with the optimizer's op
+    (Average or Sum) and process set."""
+
+    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any) -> None:
+        self.hvd, self.ops, self.op, self.process_set = hvd, ops, op, process_set
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        hvd = self.hvd
+        if self.ops.dtype_name(x) == "float16" and self.op == hvd.Average:  # sum x/P: a float16 sum of P x
+            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(),  # could overflow
+                                 name=op_name(name), process_set=self.process_set)
+        return hvd.allreduce(x, op=self.op, name=op_name(name), process_set=self.process_set)
+
+    def same_on_every_rank(self, value: Any, name: str) -> Any:
+        both = self.hvd.allreduce(self.ops.plus_minus(value), op=self.hvd.Min, name=op_name(name),
+                                  process_set=self.process_set)
+        return self.ops.equal(both[0], -both[1])
 
 
-def _world_size_error(saved: int, size: int) -> str:
-    return (f"GsSketch state was saved by {saved} ranks, this job has {size}: residuals are per rank, "
-            f"so resume with {saved} ranks, or leave the GsSketch state out to start residuals from zero")
+TreeAllreduce = Callable[[Array, Any, MergeStats], Array]
+"""The framework's call of :func:`gs_horovod.mpi.tree_allreduce`: (x, communicators, stats) → sum."""
 
 
-def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
-    """Why ``state`` (one rank's, from ``local_state_dict``) cannot be loaded here, or ""."""
-    if isinstance(state, dict) and state.get("format") == GATHERED:
-        return ("GsSketch: this is the gathered state of all ranks (state_dict()); load it with "
-                "load_state_dict() called on every rank")
-    if not isinstance(state, dict) or not isinstance(state.get("options"), dict):
-        return f"GsSketch: not a GsSketch state (got {type(state).__name__})"
-    diff = options_difference(state["options"], options)
-    if diff:
-        return f"GsSketch state was saved with different options: {diff}"
-    if state.get("world_size", size) != size:
-        return _world_size_error(state["world_size"], size)
-    return ""
+class MpiCollectives(HorovodCollectives):
+    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` over mpi4py
+    (recursive doubling, through ``tree``); the tiny checks stay on Horovod."""
+
+    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Any, stats: MergeStats,
+                 tree: TreeAllreduce) -> None:
+        super().__init__(hvd, ops, op, process_set)
+        self.comms, self.stats, self.tree = comms, stats, tree
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        size = self.comms.comm.Get_size()
+        average, half = self.op == self.hvd.Average, self.ops.dtype_name(x) == "float16"
+        if average and half:
+            x = self.ops.cast(self.ops.cast(x, "float32") / size, "float16")
+        total = self.tree(x, self.comms, self.stats)
+        return total / size if average and not half else total
 
 
-def _check_gathered(state: Any, size: int) -> str:
-    if state is None:
-        return ("GsSketch.load_state_dict: rank 0 passed None; it must pass what state_dict() returned on "
-                "rank 0 (the other ranks pass None)")
-    if not isinstance(state, dict) or state.get("format") != GATHERED:
-        if isinstance(state, dict) and "options" in state:
-            return ("GsSketch.load_state_dict: this is one rank's state (local_state_dict()); load it with "
-                    "load_local_state_dict() on that rank, or save with state_dict() called on every rank")
-        return f"GsSketch.load_state_dict: not a GsSketch state (got {type(state).__name__})"
-    if state.get("world_size") != size or len(state.get("ranks", ())) != state.get("world_size"):
-        return _world_size_error(state.get("world_size"), size)
-    return ""
+class GsSketchBase(DefaultInstance):
+    """What both GsSketch compressors share. A subclass provides ``_hvd`` (its horovod module),
+    ``_make_ops()``, ``_tree_allreduce`` (a :data:`TreeAllreduce`), ``_describe(tensor)``,
+    ``local_state_dict()`` and ``_load(state)``.
 
-
-def gather_state(local: dict[str, Any], exchange: Exchange, rank: int, size: int) -> Optional[dict[str, Any]]:
-    """Collective: every rank's ``local`` state, gathered on rank 0 (None on the others)."""
-    received = exchange([pickle.dumps(local) if dest == 0 else b"" for dest in range(size)])
-    if rank != 0:
-        return None
-    return {"format": GATHERED, "world_size": size, "options": local["options"],
-            "ranks": [pickle.loads(part) for part in received]}
-
-
-def scatter_state(state: Any, exchange: Exchange, rank: int, size: int, options: dict[str, Any]) -> dict[str, Any]:
-    """Collective: rank 0's gathered ``state`` split back into each rank's own part, checked on
-    every rank against its options and the world size. A problem anywhere raises the same
-    ValueError on every rank (no rank is left waiting in a collective)."""
-    if rank == 0:
-        error = _check_gathered(state, size)
-        parts = [("error", error)] * size if error else [("ok", part) for part in state["ranks"]]
-        out = [pickle.dumps(part) for part in parts]
-    else:
-        out = [b""] * size
-    kind, part = pickle.loads(exchange(out)[0])
-    error = part if kind == "error" else check_local_state(part, options, size)
-    errors = [pickle.loads(e) for e in exchange([pickle.dumps(error)] * size)]
-    failed = [r for r, e in enumerate(errors) if e]
-    if failed:
-        first = errors[failed[0]]
-        where = "" if len(failed) == size and len(set(errors)) == 1 else f" (on rank(s) {failed} of {size})"
-        raise ValueError(first + where)
-    return part
-
-
-class Checkpoints:
-    """The checkpoint API of both compressors, written once. An adapter provides ``_hvd`` (its
-    horovod module), ``_exchange(out)`` (an :data:`Exchange` over Horovod's alltoall),
-    ``local_state_dict()``, ``_load(state)`` and ``_options()``."""
+    merge: ``"horovod"`` (default) merges with Horovod's allreduce; ``"mpi"`` runs the sketch
+    merge and the exact round as :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default:
+    MPI's world, which must be Horovod's); it needs Horovod's MPI controller with
+    MPI_THREAD_MULTIPLE, and ``merge_stats`` counts its traffic.
+    """
 
     _hvd: Any
+    config = DefaultInstanceAttribute()
+    merge = DefaultInstanceAttribute()
+    merge_stats = DefaultInstanceAttribute()
+
+    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
+        check_merge(merge, comm)
+        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
+        self.merge = merge
+        self.ops = self._make_ops()
+        self.merge_stats = MergeStats()
+        self._comm = comm
+        self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(merge={self.merge!r}, {self.config})"
+
+    def _make_ops(self) -> ArrayOps:
+        raise NotImplementedError
+
+    def _tree_allreduce(self, x: Array, comms: Any, stats: MergeStats) -> Array:
+        raise NotImplementedError
+
+    def _options(self) -> dict[str, Any]:
+        return {**asdict(self.config), "merge": self.merge}
+
+    def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
+        """The collectives of one optimizer, after checking its op and process set."""
+        hvd = self._hvd
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
+        if self.merge == "horovod":
+            return HorovodCollectives(hvd, self.ops, op, process_set)
+        if process_set is not None and process_set.process_set_id != 0:
+            raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
+        if self._comms is None:
+            from .mpi import Communicators, horovod_world
+
+            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())  # initialises MPI
+        return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce)
+
+    @DefaultInstanceMethod
+    def bytes_per_step(self, tensors: list[Any]) -> int:
+        """Bytes one rank hands to collectives per step for the gradients of ``tensors``
+        (parameters or variables) once warm-up is over: the sketch and the exact round for the
+        compressed ones, the dense size for the others."""
+        described = [self._describe(t) for t in tensors]  # (name, elements, floating, itemsize)
+        layout = Layout.split([(n, d) for n, d, floating, _ in described if floating], self.config)
+        others = sum(d * itemsize for _, d, floating, itemsize in described if not floating)
+        return others + sum(layout.payload_bytes(self.config))
+
+    def _describe(self, tensor: Any) -> tuple[str, int, bool, int]:
+        raise NotImplementedError
+
+    def _exchange(self, out: list[bytes]) -> list[bytes]:
+        """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits; eagerly under TF);
+        returns what each rank sent here, in rank order."""
+        data = self.ops.from_numpy(np.frombuffer(b"".join(out), dtype=np.uint8).copy())
+        splits = self.ops.from_numpy(np.array([len(b) for b in out], np.int32))
+        received, splits = self._hvd.alltoall(data, splits=splits, name="gs_horovod.checkpoint")
+        buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
+        return [buf[end - n:end] for n, end in zip(sizes, np.cumsum(sizes).tolist())]
 
     @DefaultInstanceMethod
     def state_dict(self) -> Optional[dict[str, Any]]:

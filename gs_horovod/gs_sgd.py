@@ -35,9 +35,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from .array_ops import Array, ArrayOps
 from .kernels import BACKENDS
 from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
-from .sketch import Array, ArrayOps
 
 NONFINITE = ("raise", "skip")
 SCOPES = ("global", "layer")
@@ -186,10 +186,7 @@ class Layout:
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
               dense_sizes: tuple[int, ...] = ()) -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group."""
-        offsets, start = [], 0
-        for n in sizes:
-            offsets.append(start)
-            start += n
+        offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
         else:
@@ -205,6 +202,17 @@ class Layout:
         return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
                    tuple(dense_sizes))
 
+    @classmethod
+    def split(cls, named: list[tuple[str, int]], config: GsConfig) -> Layout:
+        """The layout of tensors given as (name, elements): those of at least ``min_size``
+        elements are compressed, the others sent exactly; each kind sorted by name. The one
+        place the ``min_size`` split is made."""
+        named = sorted(named)
+        big = [(n, d) for n, d in named if d >= config.min_size]
+        small = [(n, d) for n, d in named if d < config.min_size]
+        return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
+                         tuple(d for _, d in small))
+
     @property
     def all_names(self) -> tuple[str, ...]:
         return self.names + self.dense_names
@@ -213,12 +221,28 @@ class Layout:
     def all_sizes(self) -> tuple[int, ...]:
         return self.sizes + self.dense_sizes
 
-    def payload_bytes(self, config: GsConfig) -> tuple[int, int, int]:
-        """(sketch, exact-round, dense) bytes one rank hands to collectives per sketched step."""
+    @property
+    def all_offsets(self) -> tuple[int, ...]:
+        """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
+        return self.offsets + tuple(self.total + o for o in _starts(self.dense_sizes))
+
+    def payload_bytes(self, config: GsConfig, dense: bool = False) -> tuple[int, int, int]:
+        """(sketch, exact-round, dense) bytes one rank hands to collectives in one step: a
+        sketched step, or with ``dense`` (warm-up, or nothing to sketch) everything at 4 bytes."""
+        if dense or not self.groups:
+            return 0, 0, (self.total + sum(self.dense_sizes)) * 4
         itemsize = 2 if config.sketch_dtype == "float16" else 4
         sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
         exact = sum(g.candidates for g in self.groups) * 4 if config.exact else 0
         return sketch, exact, sum(self.dense_sizes) * 4
+
+
+def _starts(sizes: tuple[int, ...]) -> list[int]:
+    out, start = [], 0
+    for d in sizes:
+        out.append(start)
+        start += d
+    return out
 
 
 class Collectives(Protocol):
@@ -234,49 +258,55 @@ class Collectives(Protocol):
 
 @dataclass
 class StepResult:
-    """What one step returns: the updates (d_i,) f32 per tensor, the state to store (residuals
-    (d_i,) f32, momenta (empty when m = 0), steps) and whether the step was applied (a
-    predicate: false when ``nonfinite="skip"`` dropped it). Under TensorFlow every tensor here
-    carries a control dependency on the step's checks (options, NaN/Inf, selections)."""
+    """What one step returns: ``update`` (D + dense,) f32, every tensor's update in
+    ``layout.all_names`` order at ``layout.all_offsets``; the state to store: ``residual`` (D,)
+    f32, ``momentum`` (D,) f32 (None when m = 0) and ``steps``; ``applied``, a predicate, false
+    when ``nonfinite="skip"`` dropped the step. Under TensorFlow every tensor here carries a
+    control dependency on the step's checks (options, NaN/Inf, selections)."""
 
-    updates: list[Array]
-    residuals: list[Array]
-    momenta: list[Array]
+    update: Array
+    residual: Array
+    momentum: Optional[Array]
     steps: Any
     applied: Any
 
 
 class GsSgd:
     """gs-SGD for one optimizer on one rank: config, array ops and collectives; stateless
-    itself (the adapter keeps residuals, momenta and the step count)."""
+    itself (:class:`gs_horovod.state.GsState`, or TF's variables, keep what a step returns)."""
 
     def __init__(self, config: GsConfig, ops: ArrayOps, comm: Collectives) -> None:
         self.config, self.ops, self.comm = config, ops, comm
         self.keys = hash_keys(config.seed)
 
-    def step(self, layout: Layout, grads: list[Array], residuals: list[Array], momenta: list[Array],
-             steps: Any, check_options: Any, dense: list[Array] = ()) -> StepResult:
-        """One step of every tensor of ``layout``: grads and residuals (and momenta when m > 0,
-        else []) of the compressed tensors in its order, each (d_i,) f32, and ``dense`` (d_j,)
-        f32, the tensors sent exactly. ``steps``: steps done so far (int or scalar tensor);
-        ``check_options``: a predicate, true at an optimizer's first step, to compare the
-        options' digest across ranks first. Updates come in ``layout.all_names`` order."""
+    def step(self, layout: Layout, grads: list[Array], residual: Array, momentum: Optional[Array], steps: Any,
+             check_options: Any, dense: list[Array] = ()) -> StepResult:
+        """One step of every tensor of ``layout``: ``grads`` (d_i,) f32 of the compressed tensors
+        in its order, their ``residual`` e (D,) f32 and ``momentum`` (D,) f32 (None when m = 0),
+        and ``dense`` (d_j,) f32, the tensors sent exactly. ``steps``: steps done so far (int or
+        scalar tensor); ``check_options``: a predicate, true at an optimizer's first step, to
+        compare the options' digest across ranks first. a = e + u is the one (D,) buffer the
+        step writes: it becomes the new residual in place."""
         cfg, ops = self.config, self.ops
         checks = [ops.when(check_options, self._check_options)]
         a = u = None
         if layout.names:
-            g = ops.concat(grads)
-            u = ops.concat(momenta) * cfg.momentum + g if cfg.momentum else g
-            a = ops.concat(residuals) + u
+            if cfg.momentum:
+                u = ops.add_parts(momentum * cfg.momentum, grads)
+                a = residual + u
+            else:
+                a = ops.add_parts(residual, grads)
         exact_part = ops.concat(list(dense)) if layout.dense_names else None
-        state = (layout, a, u, exact_part, residuals, momenta, steps, checks)
+        # no momentum travels as () through ops.cond / ops.after (TF's nest has no None leaves)
+        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks)
         if not layout.groups:
             out = self._dense(*state)
         elif cfg.warmup_steps:
             out = ops.cond(steps < cfg.warmup_steps, lambda: self._dense(*state), lambda: self._sketched(*state))
         else:
             out = self._sketched(*state)
-        return StepResult(*out)
+        update, residual, momentum, steps, applied = out
+        return StepResult(update, residual, None if isinstance(momentum, tuple) else momentum, steps, applied)
 
     def _check_options(self) -> Any:
         same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
@@ -284,22 +314,22 @@ class GsSgd:
             "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
             f"this rank has {self.config} with hash version {HASH_VERSION}"])
 
-    def _dense(self, layout: Layout, a: Array, u: Array, dense: Array, residuals: list[Array],
-               momenta: list[Array], steps: Any, checks: list[Any]) -> tuple:
+    def _dense(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
+               steps: Any, checks: list[Any]) -> tuple:
         """Warm-up (and steps with nothing to sketch): everything averaged as it is; residual
         and momentum restart at zero."""
         ops = self.ops
         full = ops.concat([x for x in (a, dense) if x is not None])
         mean = self.comm.allreduce(full, "gs_horovod.dense")
         finite = ops.all_finite(mean)
-        checks = [*checks, self._fail_unless_finite(layout, finite, full, steps)]
-        zeros = [ops.zeros((d,), full) for d in layout.sizes]
-        return self._finish(layout, finite, mean, zeros, zeros if momenta else [], residuals, momenta, steps, checks)
+        checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
+        new_momentum = ops.zeros((layout.total,), full) if self.config.momentum else ()
+        return self._finish(layout, finite, mean, ops.zeros((layout.total,), full), new_momentum, residual, momentum,
+                            steps, checks)
 
-    def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residuals: list[Array],
-                  momenta: list[Array], steps: Any, checks: list[Any]) -> tuple:
+    def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
+                  steps: Any, checks: list[Any]) -> tuple:
         cfg, ops = self.config, self.ops
-        full = a if dense is None else ops.concat([a, dense])
         tables, fed = [], []
         for grp in layout.groups:
             part = ops.slice(a, grp.start, grp.size)
@@ -314,7 +344,7 @@ class GsSgd:
         merged = ops.cast(self.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
                           "float32")
         finite = ops.all_finite(merged)
-        checks = [*checks, self._fail_unless_finite(layout, finite, full, steps)]
+        checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
         picks, start = [], 0
         for grp in layout.groups:
             table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
@@ -329,7 +359,7 @@ class GsSgd:
             reduced = self.comm.allreduce(local, "gs_horovod.exact")
             exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, n_dense)
             finite = ops.logical_and(finite, ops.all_finite(reduced))
-            checks.append(self._fail_unless_finite(layout, finite, full, steps))
+            checks.append(self._fail_unless_finite(layout, finite, a, dense, steps))
             chosen, values, first = [], [], 0
             for grp in layout.groups:
                 vals = ops.slice(exact, first, grp.candidates)
@@ -348,30 +378,27 @@ class GsSgd:
             if dense is not None:
                 dense_mean = self.comm.allreduce(dense, "gs_horovod.dense")
                 finite = ops.logical_and(finite, ops.all_finite(dense_mean))
-                checks.append(self._fail_unless_finite(layout, finite, full, steps))
+                checks.append(self._fail_unless_finite(layout, finite, a, dense, steps))
         if cfg.check_every:
             checks.append(ops.when(steps % cfg.check_every == 0, lambda: self._check_selection(sel, steps)))
-        new_momenta = ops.split(ops.scatter_sub(u, sel, ops.take(u, sel)), layout.sizes) if cfg.momentum else []
-        new_residuals = ops.split(ops.scatter_sub(a, sel, sent), layout.sizes)
-        update = ops.scatter(layout.total, sel, values, a)
-        if dense_mean is not None:
-            update = ops.concat([update, dense_mean])
-        return self._finish(layout, finite, update, new_residuals, new_momenta, residuals, momenta, steps, checks)
+        new_momentum = ops.scatter_sub(u, sel, ops.take(u, sel)) if cfg.momentum else ()
+        new_residual = ops.scatter_sub(a, sel, sent)
+        update = ops.scatter(layout.total, sel, values, a, dense_mean)
+        return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks)
 
-    def _finish(self, layout: Layout, finite: Any, update: Array, new_residuals: list[Array],
-                new_momenta: list[Array], residuals: list[Array], momenta: list[Array], steps: Any,
-                checks: list[Any]) -> tuple:
-        """(updates, residuals, momenta, steps, applied), all after ``checks``; under
-        nonfinite="skip" a non-finite step keeps the old state and returns zero updates (on
+    def _finish(self, layout: Layout, finite: Any, update: Array, new_residual: Array, new_momentum: Any,
+                residual: Array, momentum: Any, steps: Any, checks: list[Any]) -> tuple:
+        """(update, residual, momentum, steps, applied), all after ``checks``; under
+        nonfinite="skip" a non-finite step keeps the old state and returns a zero update (on
         every rank alike: the merged payloads are the same everywhere)."""
         ops = self.ops
-        applied = (ops.split(update, layout.all_sizes), new_residuals, new_momenta, steps + 1, finite)
+        applied = (update, new_residual, new_momentum, steps + 1, finite)
         if self.config.nonfinite == "skip":
-            zeros = [ops.zeros((d,), update) for d in layout.all_sizes]
-            applied = ops.cond(finite, lambda: applied, lambda: (zeros, residuals, momenta, steps, finite))
+            zeros = ops.zeros((layout.total + sum(layout.dense_sizes),), update)
+            applied = ops.cond(finite, lambda: applied, lambda: (zeros, residual, momentum, steps, finite))
         return ops.after(checks, applied)
 
-    def _fail_unless_finite(self, layout: Layout, finite: Any, full: Array, steps: Any) -> Any:
+    def _fail_unless_finite(self, layout: Layout, finite: Any, a: Array, dense: Array, steps: Any) -> Any:
         """Under nonfinite="raise", fails on every rank (the merged payload is the same
         everywhere) naming the tensors whose a_t is NaN/Inf on some rank; one small allreduce,
         on the error path only."""
@@ -380,10 +407,9 @@ class GsSgd:
             return ops.when(False, lambda: None)
 
         def message() -> list[Any]:
-            flags, start = [], 0
-            for d in layout.all_sizes:
-                flags.append(ops.not_finite(ops.slice(full, start, d)))
-                start += d
+            parts = [(a, o, d) for o, d in zip(layout.offsets, layout.sizes)]
+            parts += [(dense, o, d) for o, d in zip(_starts(layout.dense_sizes), layout.dense_sizes)]
+            flags = [ops.not_finite(ops.slice(x, o, d)) for x, o, d in parts]
             anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
             return ["GsSketch: the gradient of ", ops.join_names(layout.all_names, anywhere),
                     " is NaN or infinite on at least one rank at step ", steps,
@@ -396,31 +422,3 @@ class GsSgd:
         return self.ops.fail_unless(same, RuntimeError, lambda: [
             "GsSketch: ranks selected different heavy hitters at step ", steps,
             " (checked because check_every is set); their models are diverging"])
-
-
-@dataclass
-class CommStats:
-    """Payload bytes this rank handed to collectives, by path, and steps (cumulative);
-    ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
-
-    sketch_bytes: int = 0
-    exact_bytes: int = 0
-    dense_bytes: int = 0
-    steps: int = 0
-    skipped: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        return self.sketch_bytes + self.exact_bytes + self.dense_bytes
-
-
-@dataclass
-class MergeStats:
-    """Per-rank traffic of ``tree_allreduce`` calls (cumulative): bytes this rank sent and
-    point-to-point rounds it took part in, split by level."""
-
-    bytes_sent: int = 0
-    doubling_rounds: int = 0
-    node_rounds: int = 0
-    calls: int = 0
-

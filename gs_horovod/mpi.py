@@ -25,13 +25,33 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from .gs_sgd import MergeStats
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+
+@dataclass
+class MergeStats:
+    """Per-rank traffic of ``tree_allreduce`` calls (cumulative): bytes this rank sent and
+    point-to-point rounds it took part in, split by level."""
+
+    bytes_sent: int = 0
+    doubling_rounds: int = 0
+    node_rounds: int = 0
+    calls: int = 0
+
+
+def _mpi() -> Any:
+    """mpi4py's MPI module, imported on first use: importing it initialises MPI, which importing
+    this module (for :class:`MergeStats`) must not."""
+    from mpi4py import MPI
+
+    return MPI
 
 
 def horovod_world(hvd: Any, comm: Any = None) -> MPI.Comm:
@@ -48,7 +68,7 @@ def horovod_world(hvd: Any, comm: Any = None) -> MPI.Comm:
             "(launch with horovodrun --mpi or mpirun, and leave HOROVOD_MPI_THREADS_DISABLE unset); "
             "use merge='horovod' under Gloo"
         )
-    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = _mpi().COMM_WORLD if comm is None else comm
     if comm.Get_size() != hvd.size() or comm.Get_rank() != hvd.rank():
         raise RuntimeError(
             f"GsSketch(merge='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
@@ -73,10 +93,10 @@ class Communicators:
                 raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
             self.node = comm.Split(comm.Get_rank() // ranks_per_host, comm.Get_rank())
         else:
-            self.node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+            self.node = comm.Split_type(_mpi().COMM_TYPE_SHARED, key=comm.Get_rank())
         is_leader = self.node.Get_rank() == 0
-        self.leaders = comm.Split(0 if is_leader else MPI.UNDEFINED, comm.Get_rank())
-        if self.leaders == MPI.COMM_NULL:
+        self.leaders = comm.Split(0 if is_leader else _mpi().UNDEFINED, comm.Get_rank())
+        if self.leaders == _mpi().COMM_NULL:
             self.leaders = None
 
 
@@ -99,7 +119,7 @@ def tree_allreduce(buf: Any, comms: Communicators, stats: Optional[MergeStats] =
             if _is_half(acc):
                 node.Send(_raw(acc), dest=0, tag=_TAG)
             else:
-                node.Reduce(acc, None, op=MPI.SUM, root=0)
+                node.Reduce(acc, None, op=_mpi().SUM, root=0)
         elif _is_half(acc):  # the leader adds the others' halves in rank order
             recv = _empty_like(acc)
             for source in range(1, node.Get_size()):
@@ -107,7 +127,7 @@ def tree_allreduce(buf: Any, comms: Communicators, stats: Optional[MergeStats] =
                 acc = _sync(acc + recv)
         else:
             recv = _empty_like(acc)
-            node.Reduce(acc, recv, op=MPI.SUM, root=0)
+            node.Reduce(acc, recv, op=_mpi().SUM, root=0)
             acc = recv
         stats.node_rounds += 1
     if comms.leaders is not None:
@@ -165,7 +185,7 @@ def cuda_aware_mpi() -> bool:
     forced = os.environ.get("GS_HOROVOD_CUDA_AWARE_MPI")
     if forced is not None:
         return forced == "1"
-    query = getattr(ctypes.CDLL(MPI.__file__), "MPIX_Query_cuda_support", None)  # mpi4py's libmpi
+    query = getattr(ctypes.CDLL(_mpi().__file__), "MPIX_Query_cuda_support", None)  # mpi4py's libmpi
     if query is None:
         return False
     query.restype = ctypes.c_int

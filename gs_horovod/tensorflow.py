@@ -5,19 +5,16 @@
     opt = hvd.DistributedOptimizer(opt, compression=GsSketch(ratio=0.01))   # tf-keras
 
 Horovod builds its gradient allreduces inside a ``tf.function`` (``allreduce_grads(grads,
-vars)``), each in its own ``tf.cond`` branch, so everything here is graph code and state
-lives in ``tf.Variable``s (created once, outside any function, by ``tf.init_scope``). The
-first ``compress`` of a step finds ``allreduce_grads`` up the stack with every gradient and
-variable, runs the whole engine step there (one sketch merge, one exact round), stores the new
-residuals and writes every update into one flat variable; each ``compress`` then hands
-Horovod one float, and each ``decompress`` reads its slice of that variable (TensorFlow orders
-the reads after the write: they use the same resource).
+vars)``), each in its own ``tf.cond`` branch, so everything here is graph code and state lives
+in ``tf.Variable``s (made once by ``tf.init_scope``). The first ``compress`` of a step finds
+``allreduce_grads`` up the stack, runs the whole engine step there, stores the new residuals
+and writes every update into one flat variable; each ``compress`` hands Horovod one float and
+each ``decompress`` reads its slice (after the write: the same resource).
 
-State (residual and momentum per variable path, and per optimizer the step count) is tracked
-by this ``tf.Module``: ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's (one
-file per rank); ``state_dict()`` / ``load_state_dict()`` gather every rank's on rank 0 and
-hand it back, for Horovod's one file written by rank 0. ``merge="mpi"`` runs the sketch merge and the exact round as
-:func:`gs_horovod.mpi.tree_allreduce` over mpi4py (``tf.numpy_function``).
+This ``tf.Module`` tracks the state (residual and momentum per variable path, steps per
+optimizer): ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's; ``state_dict()`` /
+``load_state_dict()`` gather every rank's on rank 0 and hand it back. ``merge="mpi"`` merges
+through ``tf.numpy_function``.
 """
 
 from __future__ import annotations
@@ -25,171 +22,23 @@ from __future__ import annotations
 import re
 import sys
 import zlib
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
-from .compressor import (
-    Checkpoints,
-    DefaultInstance,
-    DefaultInstanceAttribute,
-    DefaultInstanceMethod,
-    DefaultInstanceProperty,
-    check_merge,
-    config_from,
-)
-from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
-from .kernels import tf_ops
-
-_DTYPES = {"float16": tf.float16, "float32": tf.float32}
-
-
-class TfOps:
-    """:class:`gs_horovod.sketch.ArrayOps` for TensorFlow: pure TF ops, graph-safe."""
-
-    def zeros(self, shape: tuple[int, ...], like: Any) -> tf.Tensor:
-        return tf.zeros(shape, tf.float32)
-
-    def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
-        return tf.zeros_like(x)
-
-    def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
-        return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
-
-    def split(self, x: tf.Tensor, sizes: tuple[int, ...]) -> list[tf.Tensor]:
-        return [x] if len(sizes) == 1 else tf.split(x, list(sizes))
-
-    def slice(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
-        return x[start:start + size]
-
-    def reshape(self, x: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
-        return tf.reshape(x, shape)
-
-    def stack(self, xs: list[tf.Tensor]) -> tf.Tensor:
-        return tf.stack(xs)
-
-    def cast(self, x: tf.Tensor, dtype: str) -> tf.Tensor:
-        return tf.cast(x, _DTYPES[dtype])
-
-    def take(self, x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
-        return tf.gather(x, idx)
-
-    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any) -> tf.Tensor:
-        return tf.scatter_nd(idx[:, None], vals, [n])
-
-    def scatter_sub(self, x: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
-        return tf.tensor_scatter_nd_sub(x, idx[:, None], vals)
-
-    def where(self, mask: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-        return tf.where(mask, a, b)
-
-    def isin_sorted(self, x: tf.Tensor, ref: tf.Tensor) -> tf.Tensor:
-        pos = tf.minimum(tf.searchsorted(ref, x), tf.maximum(tf.size(ref, tf.int32) - 1, 0))
-        return tf.equal(tf.gather(ref, pos), x)
-
-    def all_finite(self, x: tf.Tensor) -> tf.Tensor:
-        return tf.reduce_all(tf.math.is_finite(x))
-
-    def not_finite(self, x: tf.Tensor) -> tf.Tensor:
-        return 1.0 - tf.cast(self.all_finite(x), tf.float32)
-
-    def logical_and(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
-        return tf.logical_and(a, b)
-
-    def top_abs(self, x: tf.Tensor, count: int) -> tf.Tensor:
-        return tf_ops.top_abs(x, count)
-
-    def sketch_accumulate(self, table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
-        return tf_ops.accumulate(table, vec, keys, offset)
-
-    def sketch_accumulate_at(self, table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
-        return tf_ops.accumulate_at(table, idx, vals, keys)
-
-    def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
-        return tf_ops.heavy_hitters(table, keys, length, count)
-
-    def checksum(self, idx: tf.Tensor) -> tf.Tensor:
-        """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""
-        low = tf.reduce_sum(tf.math.floormod(idx, 65521) ** 2) % (2**21)
-        return (tf.reduce_sum(idx) % (2**40)) * (2**21) + low
-
-    def join_names(self, names: tuple[str, ...], flags: tf.Tensor) -> tf.Tensor:
-        quoted = tf.constant([repr(n) for n in names])
-        return tf.strings.reduce_join(tf.boolean_mask(quoted, flags > 0), separator=", ")
-
-    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-        if isinstance(pred, bool):
-            return true_fn() if pred else false_fn()
-        return tf.cond(pred, true_fn, false_fn)
-
-    def when(self, pred: Any, fn: Callable[[], Any]) -> Any:
-        def run() -> tf.Tensor:
-            with tf.control_dependencies([fn()]):
-                return tf.constant(True)
-
-        return self.cond(pred, run, lambda: tf.constant(True))
-
-    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> Any:
-        def text() -> tf.Tensor:
-            return tf.strings.join([p if isinstance(p, tf.Tensor) and p.dtype == tf.string else tf.strings.as_string(p)
-                                    if isinstance(p, (tf.Tensor, tf.Variable)) else str(p) for p in message()])
-
-        pred = tf.convert_to_tensor(pred)
-        return tf.debugging.Assert(pred, [tf.cond(pred, lambda: tf.constant(""), text)], name=error.__name__)
-
-    def after(self, checks: list[Any], values: Any) -> Any:
-        with tf.control_dependencies(checks):
-            return tf.nest.map_structure(tf.identity, values)
-
-
-class HorovodCollectives:
-    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's TF allreduce."""
-
-    def __init__(self, op: Any, process_set: Any) -> None:
-        self.op, self.process_set = op, process_set
-
-    def allreduce(self, x: tf.Tensor, name: str) -> tf.Tensor:
-        if x.dtype == tf.float16 and self.op == hvd.Average:  # sum x/P: a float16 sum of P x could overflow
-            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(), name=_op_name(name),
-                                 process_set=self.process_set)
-        return hvd.allreduce(x, op=self.op, name=_op_name(name), process_set=self.process_set)
-
-    def same_on_every_rank(self, value: Any, name: str) -> tf.Tensor:
-        value = tf.cast(value, tf.int64)
-        both = hvd.allreduce(tf.stack([value, -value]), op=hvd.Min, name=_op_name(name), process_set=self.process_set)
-        return tf.equal(both[0], -both[1])
-
-
-class MpiCollectives(HorovodCollectives):
-    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` (mpi4py, run
-    through ``tf.numpy_function``); the tiny checks stay on Horovod."""
-
-    def __init__(self, op: Any, process_set: Any, comms: Any, stats: MergeStats) -> None:
-        super().__init__(op, process_set)
-        self.comms, self.stats = comms, stats
-
-    def allreduce(self, x: tf.Tensor, name: str) -> tf.Tensor:
-        from .mpi import tree_allreduce
-
-        size = self.comms.comm.Get_size()
-        average = self.op == hvd.Average
-        if average and x.dtype == tf.float16:
-            x = tf.cast(tf.cast(x, tf.float32) / size, tf.float16)
-
-        def reduce(buf: np.ndarray) -> np.ndarray:
-            total = tree_allreduce(buf, self.comms, self.stats)
-            return total / np.asarray(size, total.dtype) if average and total.dtype != np.float16 else total
-
-        return tf.ensure_shape(tf.numpy_function(reduce, [x], x.dtype, stateful=True), x.shape)
+from .compressor import DefaultInstanceMethod, DefaultInstanceProperty, GsSketchBase
+from .gs_sgd import GsSgd, Layout
+from .kernels.tf_ops import TfOps
+from .mpi import MergeStats
+from .state import CommStats, check_restored
 
 
 class _StepState(tf.Module):
-    """Per optimizer (a set of variables): steps applied, whether the options were compared,
-    and the step's flat update (D,) f32 that each decompress reads its slice of."""
+    """Per optimizer: steps applied, options compared, the flat update (D + dense,) f32."""
 
     def __init__(self, total: int, name: str) -> None:
         super().__init__(name=name)
@@ -202,9 +51,16 @@ class _VariableState(tf.Module):
     """Residual (d,) f32 and momentum (d,) f32 (when m > 0) of one variable."""
 
     def __init__(self, d: int, momentum: bool, name: str) -> None:
-        super().__init__(name=_sanitize(name))
+        super().__init__(name=re.sub(r"\W", "_", name))
         self.residual = tf.Variable(tf.zeros([d], tf.float32), trainable=False, name="residual")
         self.momentum = tf.Variable(tf.zeros([d], tf.float32), trainable=False, name="momentum") if momentum else None
+
+    def load(self, path: str, residual: np.ndarray, momentum: Optional[np.ndarray]) -> None:
+        """Assigns saved state of ``path`` (its size checked; momentum None: left as it is)."""
+        check_restored(path, residual.size, self.residual.shape.num_elements())
+        self.residual.assign(residual)
+        if self.momentum is not None and momentum is not None:
+            self.momentum.assign(momentum)
 
 
 class _Counters:
@@ -213,8 +69,8 @@ class _Counters:
 
     def __init__(self) -> None:
         with tf.init_scope():
-            self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
-                           for name in ("sketch_bytes", "exact_bytes", "dense_bytes", "steps", "skipped")}
+            self.values = {f.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f.name)
+                           for f in fields(CommStats)}
 
     def add(self, **amounts: Any) -> None:
         for name, amount in amounts.items():
@@ -229,13 +85,13 @@ class _Ctx:
     dtype: tf.DType
 
 
+@dataclass
 class _Restored:
     """What load_state_dict gave for states not created yet: per variable path (residual,
     momentum or None) as arrays, per step key the steps. A plain object (not tracked)."""
 
-    def __init__(self) -> None:
-        self.states: dict[str, tuple[np.ndarray, Optional[np.ndarray]]] = {}
-        self.steps: dict[str, int] = {}
+    states: dict[str, tuple[np.ndarray, Optional[np.ndarray]]] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
 
 
 class _Traced:
@@ -245,32 +101,29 @@ class _Traced:
     contexts: dict[int, _Ctx] = {}
 
 
-class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
+class GsSketch(GsSketchBase, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
     (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
 
     _hvd = hvd
-    config = DefaultInstanceAttribute()
-    merge = DefaultInstanceAttribute()
-    merge_stats = DefaultInstanceAttribute()
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
-        check_merge(merge, comm)
-        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
-        self.merge = merge
-        self.ops = TfOps()
-        self.merge_stats = MergeStats()
-        self._comm = comm
-        self._comms: Any = None
+        super().__init__(merge, comm, **options)
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, _StepState] = {}  # by a digest of the optimizer's variable paths
         self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict
         self._counters = _Counters()
         self._restored = _Restored()  # load_state_dict contents for states not created yet
 
-    def __repr__(self) -> str:
-        return f"GsSketch(merge={self.merge!r}, {self.config})"
+    def _make_ops(self) -> TfOps:
+        return TfOps()
+
+    def _tree_allreduce(self, x: tf.Tensor, comms: Any, stats: MergeStats) -> tf.Tensor:
+        from .mpi import tree_allreduce
+
+        total = tf.numpy_function(lambda buf: tree_allreduce(buf, comms, stats), [x], x.dtype, stateful=True)
+        return tf.ensure_shape(total, x.shape)
 
     @DefaultInstanceMethod
     @tf.autograph.experimental.do_not_convert
@@ -314,17 +167,6 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(),
                 "variables": variables, "steps": steps}
 
-    @staticmethod
-    def _exchange(out: list[bytes]) -> list[bytes]:
-        """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits, eagerly); returns
-        what each rank sent here, in rank order."""
-        data = tf.constant(np.frombuffer(b"".join(out), dtype=np.uint8))
-        received, splits = hvd.alltoall(data, splits=tf.constant([len(b) for b in out], tf.int32),
-                                        name="gs_horovod.checkpoint")
-        buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
-        ends = np.cumsum(sizes).tolist()
-        return [buf[end - n:end] for n, end in zip(sizes, ends)]
-
     @DefaultInstanceMethod
     def reset(self) -> None:
         """Zeroes every residual, momentum and step count (eagerly) and drops loaded state not
@@ -339,24 +181,15 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
             step.steps.assign(0)
             step.checked.assign(False)
 
-    def _options(self) -> dict[str, Any]:
-        return {**asdict(self.config), "merge": self.merge}
-
     def _load(self, state: dict[str, Any]) -> None:
         pending = _Restored()
         for path, saved in state["variables"].items():
             residual = np.asarray(saved["residual"], np.float32).reshape(-1)
             momentum = None if saved["momentum"] is None else np.asarray(saved["momentum"], np.float32).reshape(-1)
-            st = self.states.get(path)
-            if st is None:
+            if path in self.states:
+                self.states[path].load(path, residual, momentum)
+            else:
                 pending.states[path] = (residual, momentum)
-                continue
-            if residual.size != st.residual.shape.num_elements():
-                raise ValueError(f"saved GsSketch state of {path!r} has {residual.size} elements, "
-                                 f"the variable {st.residual.shape.num_elements()}")
-            st.residual.assign(residual)
-            if st.momentum is not None and momentum is not None:
-                st.momentum.assign(momentum)
         for key, steps in state["steps"].items():
             if key in self.steps:
                 self.steps[key].steps.assign(int(steps))
@@ -364,34 +197,18 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
                 pending.steps[key] = int(steps)
         self._restored = pending
 
-    @DefaultInstanceMethod
-    def bytes_per_step(self, variables: list[Any]) -> int:
-        """Bytes one rank hands to collectives per step for gradients of ``variables``, once
-        warm-up is over: the sketch and the exact round for the compressed ones, the dense
-        size for the others."""
-        floats = sorted((_path(v), v.shape.num_elements()) for v in variables if v.dtype.is_floating)
-        compressed = [(n, d) for n, d in floats if d >= self.config.min_size]
-        dense = [(n, d) for n, d in floats if d < self.config.min_size]
-        others = sum(v.shape.num_elements() * v.dtype.size for v in variables if not v.dtype.is_floating)
-        layout = Layout.build([n for n, _ in compressed], [d for _, d in compressed], self.config,
-                              tuple(n for n, _ in dense), tuple(d for _, d in dense))
-        if not layout.groups:
-            return others + 4 * (layout.total + sum(layout.dense_sizes))
-        return others + sum(layout.payload_bytes(self.config))
+    def _describe(self, v: Any) -> tuple[str, int, bool, int]:
+        return _path(v), v.shape.num_elements(), v.dtype.is_floating, v.dtype.size
 
     def _step(self, grads: list, variables: list, op: Any, process_set: Any) -> dict[int, _Ctx]:
         """Builds the engine step over every compressible gradient of ``grads`` (this trace);
         returns each one's ctx by id."""
-        cfg = self.config
-        floats = sorted(((_path(v), g) for g, v in zip(grads, variables)
-                         if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
-                         and g.shape.num_elements() is not None), key=lambda t: t[0])
-        picked = [(n, g) for n, g in floats if g.shape.num_elements() >= cfg.min_size]
-        dense = [(n, g) for n, g in floats if g.shape.num_elements() < cfg.min_size]
-        names = [n for n, _ in picked]
-        layout = Layout.build(names, [g.shape.num_elements() for _, g in picked], cfg,
-                              tuple(n for n, _ in dense), tuple(g.shape.num_elements() for _, g in dense))
-        states = [self._state(n, d) for n, d in zip(names, layout.sizes)]
+        cfg, ops = self.config, self.ops
+        named = {_path(v): g for g, v in zip(grads, variables)
+                 if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
+                 and g.shape.num_elements() is not None}
+        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg)
+        states = [self._state(n, d) for n, d in zip(layout.names, layout.sizes)]
         key = f"{zlib.crc32(repr(layout.all_names).encode()):08x}"
         step = self.steps.get(key)
         if step is None:
@@ -400,40 +217,27 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
         warm = step.steps < cfg.warmup_steps  # read before the step assigns it
-        engine = GsSgd(cfg, self.ops, self._collectives(op, process_set))
-        flat = [tf.reshape(tf.cast(g, tf.float32), [-1]) for _, g in picked + dense]
-        result = engine.step(layout, flat[:len(picked)], [s.residual for s in states],
-                             [s.momentum for s in states] if cfg.momentum else [], step.steps,
-                             tf.logical_not(step.checked), flat[len(picked):])
+        engine = GsSgd(cfg, ops, self._collectives(op, process_set))
+        flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
+        residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
+        momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
+        result = engine.step(layout, [flat[n] for n in layout.names], residual, momentum, step.steps,
+                             tf.logical_not(step.checked), [flat[n] for n in layout.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)
         step.steps.assign(result.steps)
-        step.update.assign(self.ops.concat(result.updates))
-        for s, residual in zip(states, result.residuals):
-            s.residual.assign(residual)
-        for s, momentum in zip(states, result.momenta):
-            s.momentum.assign(momentum)
-        dense_total = (layout.total + sum(layout.dense_sizes)) * 4
-        if layout.groups:
-            sketch, exact, dense_bytes = layout.payload_bytes(cfg)
-            self._counters.add(sketch_bytes=tf.where(warm, 0, sketch), exact_bytes=tf.where(warm, 0, exact),
-                               dense_bytes=tf.where(warm, dense_total, dense_bytes))
-        else:
-            self._counters.add(dense_bytes=dense_total)
-        self._counters.add(steps=1, skipped=1 - tf.cast(result.applied, tf.int64))
-        offsets = np.cumsum([0, *layout.all_sizes])
-        return {id(g): _Ctx(step, int(offset), g.shape, g.dtype) for (_, g), offset in zip(picked + dense, offsets)}
-
-    def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
-        if op not in (hvd.Average, hvd.Sum):
-            raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
-        if self.merge == "horovod":
-            return HorovodCollectives(op, process_set)
-        if self._comms is None:
-            from .mpi import Communicators, horovod_world  # imports mpi4py, which initialises MPI
-
-            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())
-        return MpiCollectives(op, process_set, self._comms, self.merge_stats)
+        step.update.assign(result.update)
+        if states:
+            for s, part in zip(states, tf.split(result.residual, list(layout.sizes))):
+                s.residual.assign(part)
+            for s, part in zip(states, tf.split(result.momentum, list(layout.sizes)) if cfg.momentum else []):
+                s.momentum.assign(part)
+        sketched, dense = layout.payload_bytes(cfg), layout.payload_bytes(cfg, dense=True)
+        counted = zip(("sketch_bytes", "exact_bytes", "dense_bytes"), sketched, dense)
+        self._counters.add(**{k: tf.where(warm, d, b) for k, b, d in counted}, steps=1,
+                           skipped=1 - tf.cast(result.applied, tf.int64))
+        return {id(named[n]): _Ctx(step, o, named[n].shape, named[n].dtype)
+                for n, o in zip(layout.all_names, layout.all_offsets)}
 
     def _state(self, name: str, d: int) -> _VariableState:
         st = self.states.get(name)
@@ -442,26 +246,13 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor, tf.Module):
                 st = self.states[name] = _VariableState(d, bool(self.config.momentum), name)
                 saved = self._restored.states.pop(name, None)
                 if saved is not None:
-                    if saved[0].size != d:
-                        raise ValueError(f"saved GsSketch state of {name!r} has {saved[0].size} elements, "
-                                         f"the variable {d}")
-                    st.residual.assign(saved[0])
-                    if st.momentum is not None and saved[1] is not None:
-                        st.momentum.assign(saved[1])
+                    st.load(name, *saved)
         return st
 
 
 
 def _path(var: Any) -> str:
     return getattr(var, "path", None) or var.name
-
-
-def _sanitize(name: str) -> str:
-    return re.sub(r"\W", "_", name)
-
-
-def _op_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
 
 def _calling_step(grad: tf.Tensor) -> tuple[list, list, Any, Any]:

@@ -14,8 +14,9 @@ only records the gradient and hands Horovod one float to allreduce; the first ``
 of the step runs the whole engine step over all recorded gradients (one sketch merge, one
 exact round, issued in name order on every rank) and each ``decompress`` returns its slice.
 
-Per-parameter state is keyed by the parameter's name in the ``DistributedOptimizer`` that
-calls us, found once from the calling frame and then by ``p.grad is tensor``. Keys therefore
+Per-parameter state (a :class:`gs_horovod.state.GsState` per optimizer) is keyed by the
+parameter's name in the ``DistributedOptimizer`` that calls us, found from the calling frame
+once and then by ``p.grad is tensor``. Keys therefore
 survive ``zero_grad(set_to_none=True)``, parameters without gradients in some steps (Horovod
 submits zeros for them) and ``backward_passes_per_step > 1``.
 """
@@ -24,279 +25,80 @@ from __future__ import annotations
 
 import sys
 import weakref
-import zlib
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 
-from .compressor import (
-    Checkpoints,
-    DefaultInstance,
-    DefaultInstanceAttribute,
-    DefaultInstanceMethod,
-    check_merge,
-    config_from,
-)
-from .gs_sgd import CommStats, GsConfig, GsSgd, Layout, MergeStats
-from .kernels import torch_ops
-
-_DTYPES = {"float16": torch.float16, "float32": torch.float32}
+from .compressor import DefaultInstanceAttribute, DefaultInstanceMethod, GsSketchBase
+from .gs_sgd import GsSgd
+from .kernels.torch_ops import TorchOps
+from .mpi import MergeStats
+from .state import CommStats, GsState
 
 
-class TorchOps:
-    """:class:`gs_horovod.sketch.ArrayOps` for torch tensors, with the chosen sketch kernels."""
+class _Params:
+    """The named parameters of one DistributedOptimizer, sorted by name, and the lookup of the
+    parameter whose ``.grad`` a tensor is: the parameter that followed the previous one last
+    time is tried first, so a static graph costs O(1) per call."""
 
-    def __init__(self, backend: str = "auto") -> None:
-        self.backend = backend
+    def __init__(self, optimizer: Any) -> None:
+        self.items = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda item: item[0])
+        self._successor: dict[int, int] = {}
+        self._last = -1
 
-    def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(shape, dtype=torch.float32, device=like.device)
-
-    def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(x)
-
-    def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        return xs[0] if len(xs) == 1 else torch.cat(xs)
-
-    def split(self, x: torch.Tensor, sizes: tuple[int, ...]) -> list[torch.Tensor]:
-        return list(torch.split(x, list(sizes)))
-
-    def slice(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
-        return x[start:start + size]
-
-    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return x.reshape(shape)
-
-    def stack(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        return torch.stack(xs)
-
-    def cast(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
-        return x.to(_DTYPES[dtype])
-
-    def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        return x[idx]
-
-    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.float32, device=like.device).index_copy_(0, idx, vals)
-
-    def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        return x.index_add_(0, idx, vals, alpha=-1)
-
-    def where(self, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.where(mask, a, b)
-
-    def isin_sorted(self, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-        pos = torch.searchsorted(ref, x).clamp_(max=max(0, len(ref) - 1))
-        return ref[pos] == x if len(ref) else torch.zeros_like(x, dtype=torch.bool)
-
-    def all_finite(self, x: torch.Tensor) -> bool:
-        return bool(torch.isfinite(x).all())
-
-    def not_finite(self, x: torch.Tensor) -> torch.Tensor:
-        return (~torch.isfinite(x)).any().float()
-
-    def logical_and(self, a: bool, b: bool) -> bool:
-        return bool(a) and bool(b)
-
-    def top_abs(self, x: torch.Tensor, count: int) -> torch.Tensor:
-        return torch_ops.top_abs(self.backend, x, count)
-
-    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
-        torch_ops.accumulate(self.backend, table, vec.contiguous(), keys, offset)
-        return table
-
-    def sketch_accumulate_at(self, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
-                             keys: np.ndarray) -> torch.Tensor:
-        torch_ops.accumulate_at(self.backend, table, idx.contiguous(), vals.contiguous(), keys)
-        return table
-
-    def heavy_hitters(self, table: torch.Tensor, keys: np.ndarray, length: int,
-                      count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch_ops.heavy_hitters(self.backend, table.contiguous(), keys, length, count)
-
-    def checksum(self, idx: torch.Tensor) -> int:
-        return zlib.crc32(idx.cpu().numpy().tobytes())
-
-    def join_names(self, names: tuple[str, ...], flags: torch.Tensor) -> str:
-        return ", ".join(repr(n) for n, f in zip(names, flags.tolist()) if f > 0)
-
-    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
-        return true_fn() if bool(pred) else false_fn()
-
-    def when(self, pred: Any, fn: Callable[[], Any]) -> None:
-        if bool(pred):
-            fn()
-
-    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> None:
-        if not bool(pred):
-            raise error("".join(str(part) for part in message()))
-
-    def after(self, checks: list[Any], values: Any) -> Any:
-        return values  # torch checks raise at once
-
-
-class HorovodCollectives:
-    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's allreduce (blocking, named)."""
-
-    def __init__(self, op: Any, process_set: Any) -> None:
-        self.op, self.process_set = op, process_set
-
-    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        if x.dtype == torch.float16 and self.op == hvd.Average:  # sum x/P: a float16 sum of P x could overflow
-            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(), name=name,
-                                 process_set=self.process_set)
-        return hvd.allreduce(x, op=self.op, name=name, process_set=self.process_set)
-
-    def same_on_every_rank(self, value: int, name: str) -> bool:
-        both = hvd.allreduce(torch.tensor([value, -value], dtype=torch.int64), op=hvd.Min, name=name,
-                             process_set=self.process_set)
-        return int(both[0]) == -int(both[1])
-
-
-class MpiCollectives(HorovodCollectives):
-    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` over mpi4py
-    (recursive doubling); the tiny checks stay on Horovod."""
-
-    def __init__(self, op: Any, process_set: Any, comms: Any, stats: MergeStats) -> None:
-        super().__init__(op, process_set)
-        self.comms, self.stats = comms, stats
-
-    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        from .mpi import tree_allreduce_tensor
-
-        size = self.comms.comm.Get_size()
-        if self.op == hvd.Average:
-            x = (x.float() / size).to(x.dtype) if x.dtype == torch.float16 else x
-            total = tree_allreduce_tensor(x, self.comms, self.stats)
-            return total if x.dtype == torch.float16 else total / size
-        return tree_allreduce_tensor(x, self.comms, self.stats)
-
-
-@dataclass
-class _Binding:
-    """gs-SGD state for the parameters of one DistributedOptimizer (its op and process set).
-
-    residuals / momenta: (d,) f32 per parameter name; steps: steps applied; grads / dense: this
-    step's recorded gradients (d,) f32 by name, to sketch / to send exactly (below min_size);
-    updates: this step's results, handed out by decompress.
-    """
-
-    engine: GsSgd
-    params: list[tuple[str, torch.nn.Parameter]]
-    residuals: dict[str, torch.Tensor] = field(default_factory=dict)
-    momenta: dict[str, torch.Tensor] = field(default_factory=dict)
-    steps: int = 0
-    checked: bool = False
-    grads: dict[str, torch.Tensor] = field(default_factory=dict)
-    dense: dict[str, torch.Tensor] = field(default_factory=dict)
-    updates: Optional[dict[str, torch.Tensor]] = None
-    _layouts: dict[tuple, Layout] = field(default_factory=dict)
-    _successor: dict[int, int] = field(default_factory=dict)
-    _last: int = -1
-
-    def begin_compress(self) -> None:
-        """A compress after the step's updates were made starts a new step (if the last one
-        did not finish, e.g. it raised, its bookkeeping is dropped)."""
-        if self.updates is not None:
-            self.grads, self.dense, self.updates = {}, {}, None
+    def guess(self, grad: torch.Tensor) -> Optional[str]:
+        """The name if the expected parameter's ``.grad`` is ``grad``, else None."""
+        guess = self._successor.get(self._last)
+        if guess is None or self.items[guess][1].grad is not grad:
+            return None
+        self._last = guess
+        return self.items[guess][0]
 
     def name_of(self, grad: torch.Tensor) -> str:
-        """The name of the parameter whose ``.grad`` is ``grad``: the parameter that followed
-        the previous one last time is tried first, so a static graph costs O(1) per call."""
-        guess = self._successor.get(self._last)
-        if guess is None or self.params[guess][1].grad is not grad:
-            guess = next((i for i, (_, p) in enumerate(self.params) if p.grad is grad), None)
-            if guess is None:
-                raise KeyError(
-                    f"GsSketch: a tensor of shape {tuple(grad.shape)} is not the .grad of any "
-                    "parameter of the DistributedOptimizer that compresses it (sparse_as_dense=True "
-                    "hands over a copy, which GsSketch cannot attribute)"
-                )
-            self._successor[self._last] = guess
-        self._last = guess
-        return self.params[guess][0]
-
-    def run_step(self, stats: CommStats) -> None:
-        """The engine step over every gradient recorded in this step; stores the new state
-        (unless the step was skipped) and the updates by name."""
-        config = self.engine.config
-        names, dense_names = sorted(self.grads), sorted(self.dense)
-        sizes = [self.grads[n].numel() for n in names]
-        dense_sizes = [self.dense[n].numel() for n in dense_names]
-        key = (*names, *sizes, None, *dense_names, *dense_sizes)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._layouts[key] = Layout.build(names, sizes, config, tuple(dense_names), tuple(dense_sizes))
-        grads = [self.grads[n] for n in names]
-        residuals = [self.residuals.get(n, None) for n in names]
-        residuals = [torch.zeros_like(g) if r is None else r for g, r in zip(grads, residuals)]
-        momenta = [self.momenta.get(n, torch.zeros_like(g)) for n, g in zip(names, grads)] if config.momentum else []
-        dense = self.steps < config.warmup_steps
-        check = not self.checked
-        self.checked = True
-        result = self.engine.step(layout, grads, residuals, momenta, self.steps, check,
-                                  [self.dense[n] for n in dense_names])
-        self.updates = dict(zip(layout.all_names, result.updates))
-        if dense or not layout.groups:
-            stats.dense_bytes += (layout.total + sum(dense_sizes)) * 4
-        else:
-            sketch, exact, dense_bytes = layout.payload_bytes(config)
-            stats.sketch_bytes, stats.exact_bytes = stats.sketch_bytes + sketch, stats.exact_bytes + exact
-            stats.dense_bytes += dense_bytes
-        stats.steps += 1
-        if not result.applied:
-            stats.skipped += 1
-            return
-        self.residuals.update(zip(names, result.residuals))
-        self.momenta.update(zip(names, result.momenta))
-        self.steps = result.steps
+        """The name of the parameter whose ``.grad`` is ``grad`` (a scan; learns the order)."""
+        found = next((i for i, (_, p) in enumerate(self.items) if p.grad is grad), None)
+        if found is None:
+            raise KeyError(f"GsSketch: a tensor of shape {tuple(grad.shape)} is not the .grad of any parameter of "
+                           "the DistributedOptimizer that compresses it (sparse_as_dense=True hands over a copy, "
+                           "which GsSketch cannot attribute)")
+        self._successor[self._last] = found
+        self._last = found
+        return self.items[found][0]
 
 
 @dataclass(frozen=True)
 class _Ctx:
-    binding: _Binding
+    state: GsState
     name: str
     shape: torch.Size
     dtype: torch.dtype
 
 
-class GsSketch(DefaultInstance, Checkpoints, Compressor):
-    """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`).
-
-    Floating-point gradients of at least ``min_size`` elements go through the engine (in
-    float32, whatever their dtype); others are allreduced as they are. ``stats`` counts the
-    bytes this rank hands to collectives.
-
-    merge: ``"horovod"`` (default) merges with Horovod's allreduce; ``"mpi"`` runs the sketch
-    merge and the exact round as :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default:
-    MPI's world, which must be Horovod's). It needs Horovod's MPI controller with
-    MPI_THREAD_MULTIPLE (``hvd.mpi_threads_supported()``); ``merge_stats`` counts its traffic.
-    """
+class GsSketch(GsSketchBase, Compressor):
+    """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`; ``merge``
+    and ``comm``: :class:`~gs_horovod.compressor.GsSketchBase`). Float gradients of at least
+    ``min_size`` elements go through the engine (in float32, whatever their dtype); others are
+    allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
 
     _hvd = hvd
-    config = DefaultInstanceAttribute()
-    merge = DefaultInstanceAttribute()
     stats = DefaultInstanceAttribute()
-    merge_stats = DefaultInstanceAttribute()
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
-        check_merge(merge, comm)
-        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
-        self.merge = merge
-        self.ops = TorchOps(self.config.backend)
+        super().__init__(merge, comm, **options)
         self.stats = CommStats()
-        self.merge_stats = MergeStats()
-        self._comm = comm
-        self._comms: Any = None  # gs_horovod.mpi.Communicators, made at the first MPI merge
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
-        self._bindings: weakref.WeakKeyDictionary[Any, _Binding] = weakref.WeakKeyDictionary()  # by optimizer
+        self._states: weakref.WeakKeyDictionary[Any, tuple[GsState, _Params]] = weakref.WeakKeyDictionary()
 
-    def __repr__(self) -> str:
-        return f"GsSketch(merge={self.merge!r}, {self.config})"
+    def _make_ops(self) -> TorchOps:
+        return TorchOps(self.config.backend)
+
+    def _tree_allreduce(self, x: torch.Tensor, comms: Any, stats: MergeStats) -> torch.Tensor:
+        from .mpi import tree_allreduce_tensor
+
+        return tree_allreduce_tensor(x, comms, stats)
 
     @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
@@ -307,12 +109,9 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor):
         if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
-        binding = self._binding()
-        binding.begin_compress()
-        name = binding.name_of(tensor)
-        into = binding.grads if tensor.numel() >= self.config.min_size else binding.dense
-        into[name] = tensor.detach().reshape(-1).float()
-        return tensor.new_zeros(1, dtype=torch.float32), _Ctx(binding, name, tensor.shape, tensor.dtype)
+        state, name = self._state_of(tensor)
+        state.record(name, tensor.detach().reshape(-1).float())
+        return tensor.new_zeros(1, dtype=torch.float32), _Ctx(state, name, tensor.shape, tensor.dtype)
 
     @DefaultInstanceMethod
     def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
@@ -320,10 +119,7 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor):
         this parameter (its exact mean below ``min_size``)."""
         if ctx is None:
             return tensor
-        binding = ctx.binding
-        if binding.updates is None:
-            binding.run_step(self.stats)
-        return binding.updates.pop(ctx.name).view(ctx.shape).to(ctx.dtype)
+        return ctx.state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
 
     @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
@@ -332,76 +128,54 @@ class GsSketch(DefaultInstance, Checkpoints, Compressor):
         parameter the residual and momentum (d,) f32 (momentum None when m = 0) and the steps
         of its optimizer (restored state not yet bound to an optimizer included)."""
         tensors = dict(self._restored)
-        for binding in self._bindings.values():
-            for name, residual in binding.residuals.items():
-                tensors[name] = {"residual": residual, "momentum": binding.momenta.get(name), "steps": binding.steps}
+        for state, _ in self._states.values():
+            tensors.update(state.tensors())
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(), "tensors": tensors}
-
-    @staticmethod
-    def _exchange(out: list[bytes]) -> list[bytes]:
-        """Sends ``out[r]`` to rank r (one uint8 ``hvd.alltoall`` with splits); returns what each
-        rank sent here, in rank order."""
-        data = np.frombuffer(b"".join(out), dtype=np.uint8).copy()
-        received, splits = hvd.alltoall(torch.from_numpy(data), splits=torch.tensor([len(b) for b in out],
-                                        dtype=torch.int32), name="gs_horovod.checkpoint")
-        ends = np.cumsum(splits.numpy())
-        buf = received.numpy().tobytes()
-        return [buf[end - n:end] for n, end in zip(splits.tolist(), ends.tolist())]
 
     @DefaultInstanceMethod
     def reset(self) -> None:
         """Forgets all per-parameter state (residuals, momentum, steps) and communicators.
         Call it from a Horovod elastic reset callback: residuals built for the old set of
         ranks do not belong to the new one."""
-        self._bindings.clear()
+        self._states.clear()
         self._restored.clear()
         self._comms = None
 
     def _load(self, state: dict[str, Any]) -> None:
         self._restored = dict(state["tensors"])
-        for binding in self._bindings.values():
-            self._restore(binding)
+        for gs_state, params in self._states.values():
+            self._restore(gs_state, params)
 
-    def _options(self) -> dict[str, Any]:
-        return {**asdict(self.config), "merge": self.merge}
-
-    def _restore(self, binding: _Binding) -> None:
-        for name, p in binding.params:
+    def _restore(self, state: GsState, params: _Params) -> None:
+        """Hands ``state`` the restored tensors of its parameters, on their device in float32."""
+        mine = {}
+        for name, p in params.items:
             saved = self._restored.pop(name, None)
-            if saved is None:
-                continue
-            if saved["residual"].numel() != p.numel():
-                raise ValueError(f"saved GsSketch state of {name!r} has {saved['residual'].numel()} "
-                                 f"elements, the parameter {p.numel()}")
-            binding.residuals[name] = saved["residual"].to(p.device, torch.float32, copy=True).reshape(-1)
-            if saved["momentum"] is not None:
-                binding.momenta[name] = saved["momentum"].to(p.device, torch.float32, copy=True).reshape(-1)
-            binding.steps = max(binding.steps, int(saved["steps"]))
+            if saved is not None:
+                mine[name] = {k: v.to(p.device, torch.float32, copy=True) if isinstance(v, torch.Tensor) else v
+                              for k, v in saved.items()}
+        state.restore(mine)
 
-    def _collectives(self, optimizer: Any) -> HorovodCollectives:
-        if self.merge == "horovod":
-            return HorovodCollectives(optimizer.op, optimizer.process_set)
-        if self._comms is None:
-            from .mpi import Communicators, horovod_world  # imports mpi4py, which initialises MPI
+    def _describe(self, p: torch.Tensor) -> tuple[str, int, bool, int]:
+        return str(id(p)), p.numel(), p.is_floating_point(), p.element_size()
 
-            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())
-        return MpiCollectives(optimizer.op, optimizer.process_set, self._comms, self.merge_stats)
-
-    def _binding(self) -> _Binding:
-        """The state of the DistributedOptimizer that is calling ``compress``."""
+    def _state_of(self, grad: torch.Tensor) -> tuple[GsState, str]:
+        """The state of the DistributedOptimizer compressing ``grad``, and its parameter's name:
+        by the expected parameter of each known optimizer, else (first step, new order) by
+        walking up to the calling optimizer."""
+        for state, params in self._states.values():
+            name = params.guess(grad)
+            if name is not None:
+                return state, name
         optimizer = _calling_optimizer(self)
-        binding = self._bindings.get(optimizer)
-        if binding is None:
-            if optimizer.op not in (hvd.Average, hvd.Sum):
-                raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
-            if self.merge == "mpi" and optimizer.process_set.process_set_id != 0:
-                raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
-            params = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda np_: np_[0])
-            engine = GsSgd(self.config, self.ops, self._collectives(optimizer))
-            binding = self._bindings[optimizer] = _Binding(engine, params)
-            self._restore(binding)
-        return binding
-
+        if optimizer not in self._states:
+            params = _Params(optimizer)
+            engine = GsSgd(self.config, self.ops, self._collectives(optimizer.op, optimizer.process_set))
+            state = GsState(engine, self.stats, {name: p.numel() for name, p in params.items})
+            self._states[optimizer] = (state, params)
+            self._restore(state, params)
+        state, params = self._states[optimizer]
+        return state, params.name_of(grad)
 
 
 def _calling_optimizer(compressor: GsSketch) -> Any:

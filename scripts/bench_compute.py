@@ -25,8 +25,8 @@ import torch
 
 from gs_horovod.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.simulated import SimulatedRanks
-from gs_horovod.torch import TorchOps
 
 SHAPES = [(4096, 2048), (4096, 1024), (2048, 2048)]  # 2^24 coordinates
 NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gs_horovod.compressor import gather_state, options_difference, scatter_state
+from gs_horovod.checkpoint import gather_state, options_difference, scatter_state
 
 OPTIONS = {"ratio": 0.05, "seed": 0}
 

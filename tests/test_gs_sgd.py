@@ -9,27 +9,37 @@ from simulated_ranks import Ranks
 
 from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
-from gs_horovod.torch import GsSketch, TorchOps
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.torch import GsSketch
 
 NAMES = ["a.weight", "b.weight"]
 
 
 class Rank:
-    """One rank's engine state across steps, kept as the torch adapter keeps it."""
+    """One rank's engine state across steps, kept as :class:`gs_horovod.state.GsState` keeps it
+    (flat residual and momentum buffers); ``residuals`` / ``momenta``: per-tensor views."""
 
     def __init__(self, config: GsConfig, sizes: list[int]) -> None:
         self.config, self.sizes = config, sizes
         self.layout = Layout.build(NAMES[:len(sizes)], sizes, config)
-        self.residuals = [torch.zeros(d) for d in sizes]
-        self.momenta = [torch.zeros(d) for d in sizes] if config.momentum else []
+        self.residual = torch.zeros(sum(sizes))
+        self.momentum = torch.zeros(sum(sizes)) if config.momentum else None
         self.steps = 0
+
+    @property
+    def residuals(self) -> list[torch.Tensor]:
+        return list(torch.split(self.residual, self.sizes))
+
+    @property
+    def momenta(self) -> list[torch.Tensor]:
+        return [] if self.momentum is None else list(torch.split(self.momentum, self.sizes))
 
     def step(self, comm, grads: list[torch.Tensor]):
         engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
-        result = engine.step(self.layout, grads, self.residuals, self.momenta, self.steps, self.steps == 0)
+        result = engine.step(self.layout, grads, self.residual, self.momentum, self.steps, self.steps == 0)
         if result.applied:
-            self.residuals, self.momenta, self.steps = result.residuals, result.momenta, result.steps
-        return result
+            self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
+        return list(torch.split(result.update, self.layout.all_sizes))
 
 
 def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Rank] | None = None):
@@ -41,8 +51,8 @@ def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Ran
     for step_grads in grads:
         results = Ranks(len(ranks)).run(lambda r, comm, g=step_grads: ranks[r].step(comm, g[r]))
         for res in results[1:]:
-            assert all(torch.equal(u, v) for u, v in zip(res.updates, results[0].updates))
-        updates.append(results[0].updates)
+            assert all(torch.equal(u, v) for u, v in zip(res, results[0]))
+        updates.append(results[0])
     return ranks, updates
 
 
@@ -78,7 +88,8 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
 
     def rank(r, comm):
         engine = GsSgd(cfg, TorchOps("torch"), comm)
-        return engine.step(layout, grads[r], [torch.zeros(4000)], [], 0, True, small[r]).updates
+        update = engine.step(layout, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
+        return list(torch.split(update, layout.all_sizes))
 
     updates = Ranks(2).run(rank)
     assert [tuple(u.shape) for u in updates[0]] == [(4000,), (10,), (0,)]
@@ -154,7 +165,7 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
             return True
 
     comm = Capture()
-    GsSgd(cfg, TorchOps("numba"), comm).step(layout, grads, [torch.zeros(3000), torch.zeros(1700)], [], 0, False)
+    GsSgd(cfg, TorchOps("numba"), comm).step(layout, grads, torch.zeros(4700), None, 0, False)
     x = torch.cat(grads).numpy()
     cols = cfg.cols_for(4700)
     buckets, signs = reference_buckets_signs(hash_keys(0), cols, 0, 4700, cfg.rows)

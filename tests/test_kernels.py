@@ -221,16 +221,6 @@ def test_numba_tables_do_not_depend_on_the_thread_count():
     assert np.array_equal(tables[0], tables[1])
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch", "cuda"])
-def test_query_equals_the_reference(backend):
-    n, keys = (300 if backend == "cuda" else 4000), hash_keys(4)
-    for rows in (3, 4):
-        table = np.random.default_rng(rows).standard_normal((rows, 53)).astype(np.float32)
-        out = torch.empty(n)
-        torch_ops.query(backend, torch.from_numpy(table), keys, 2**40, out)
-        assert np.array_equal(out.numpy(), reference_estimates(table, keys, 2**40, n))
-
-
 # --- heavy_hitters ----------------------------------------------------------------------------
 
 def planted_table(rows: int, cols: int, length: int, keys: np.ndarray, offset: int, seed: int) -> np.ndarray:

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from .hashing import MAX_ROWS, median_of, mix, row_sign, sign_word
+from .hashing import MAX_ROWS, median_of, mix, row_sign, sign_word, signed_cells
 
 _mix = cuda.jit(device=True)(mix)
 _sign_word = cuda.jit(device=True)(sign_word)
 _row_sign = cuda.jit(device=True)(row_sign)
 _median = cuda.jit(device=True)(median_of)
+_signed_cells = cuda.jit(device=True)(signed_cells)
 _THREADS = 256
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
@@ -44,24 +45,6 @@ def _scatter_kernel(table, idx, vals, key, offset, dense):
 
 
 @cuda.jit
-def _query_kernel(table, key, offset, out):
-    i = cuda.grid(1)
-    if i < out.shape[0]:
-        rows = table.shape[0]
-        ucols = np.uint64(table.shape[1])
-        z = _mix(np.uint64(offset + i), key)
-        h2 = (z >> _S32) | _ONE
-        w = _sign_word(z)
-        u = z & _M32
-        buf = cuda.local.array(MAX_ROWS, dtype=np.float32)
-        for j in range(rows):
-            v = table[j, (u * ucols) >> _S32]
-            buf[j] = -v if _row_sign(w, j) else v
-            u = (u + h2) & _M32
-        out[i] = _median(buf, rows)
-
-
-@cuda.jit
 def _scan_kernel(table, key, offset, length, lo, hi, out_idx, out_est, counter):
     i = cuda.grid(1)
     if i < length:
@@ -78,13 +61,8 @@ def _scan_kernel(table, key, offset, length, lo, hi, out_idx, out_est, counter):
                 if misses > misses_allowed:
                     return
             u = (u + h2) & _M32
-        w = _sign_word(z)
-        u = z & _M32
         buf = cuda.local.array(MAX_ROWS, dtype=np.float32)
-        for j in range(rows):
-            v = table[j, (u * ucols) >> _S32]
-            buf[j] = -v if _row_sign(w, j) else v
-            u = (u + h2) & _M32
+        _signed_cells(table, z, buf)
         e = _median(buf, rows)
         if lo <= abs(e) < hi:
             slot = cuda.atomic.add(counter, 0, 1)
@@ -107,12 +85,6 @@ def accumulate_at(table: Any, idx: Any, vals: Any, keys: np.ndarray) -> None:
     """table (rows, cols) f32 += sketch of vals (n,) f32 at global coordinates idx (n,) int64 (atomics)."""
     if vals.shape[0]:
         _scatter_kernel[_blocks(vals.shape[0]), _THREADS](table, idx, vals, np.uint64(keys[0]), 0, False)
-
-
-def query(table: Any, keys: np.ndarray, offset: int, out: Any) -> None:
-    """out (n,) f32 = median-of-rows estimates of coordinates offset..offset+n-1; rows <= MAX_ROWS."""
-    if out.shape[0]:
-        _query_kernel[_blocks(out.shape[0]), _THREADS](table, np.uint64(keys[0]), offset, out)
 
 
 def scan(table: Any, keys: np.ndarray, offset: int, length: int, lo: float, hi: float,

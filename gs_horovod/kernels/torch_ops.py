@@ -1,4 +1,5 @@
-"""Count-Sketch kernels over torch tensors, and the dispatch of torch tensors to every backend.
+"""Count-Sketch kernels over torch tensors, the dispatch of torch tensors to every backend, and
+:class:`TorchOps`, the engine's array operations on torch tensors.
 
 One contract for every backend (see :mod:`.hashing` for the hash; ``keys`` = ``hash_keys(seed)``)::
 
@@ -6,7 +7,6 @@ One contract for every backend (see :mod:`.hashing` for the hash; ``keys`` = ``h
     accumulate_at(backend, table, idx, vals, keys)          # ... of vals (n,) f32 at coordinates idx (n,) int64
     heavy_hitters(backend, table, keys, length, count, offset=0) -> (idx (count,) int64, est (count,) f32)
     top_abs(backend, x, count) -> idx (count,) int64        # the count largest |x|
-    query(backend, table, keys, offset, out)                # out (n,) f32 = every estimate (unpruned)
 
 Orders are exact and deterministic: ``heavy_hitters`` and ``top_abs`` select under (|value|
 desc, index asc), NaN above ±Inf above finite values, and return indices ascending. Additions
@@ -23,16 +23,17 @@ candidates in torch ops. ``"auto"`` picks ``"numba"`` for CPU tensors, ``"cuda"`
 
 from __future__ import annotations
 
-from typing import Callable
+import zlib
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from . import BACKENDS
-from .hashing import M1, M2, M3, MASK32, first_threshold_rank, to_int64
+from .hashing import M1, M2, M3, MASK32, NAN_KEY, first_threshold_rank, to_int64
 
+_DTYPES = {"float16": torch.float16, "float32": torch.float32}
 _CHUNK = 1 << 20  # coordinates hashed per torch step: bounds temporaries to ~40 MB per row
-_NAN_KEY = 0x7F800001  # every NaN's |x| key: above +Inf's 0x7F800000
 _M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
 
 
@@ -58,7 +59,7 @@ def hashes(g: torch.Tensor, keys: np.ndarray, rows: int, cols: int) -> tuple[tor
 def _abs_key(x: torch.Tensor) -> torch.Tensor:
     """int32 key ordering |x| (float32 bits without the sign; every NaN one key above +Inf)."""
     k = x.view(torch.int32) & 0x7FFFFFFF
-    return torch.where(k > 0x7F800000, torch.full_like(k, _NAN_KEY), k)
+    return torch.where(k > 0x7F800000, torch.full_like(k, NAN_KEY), k)
 
 
 def _top_keys(key: torch.Tensor, count: int) -> torch.Tensor:
@@ -97,13 +98,6 @@ def _estimates(table: torch.Tensor, g: torch.Tensor, keys: np.ndarray) -> torch.
     if rows % 2:
         return est[rows // 2]
     return (est[rows // 2 - 1] + est[rows // 2]) * 0.5
-
-
-def torch_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    for start in range(0, out.numel(), _CHUNK):
-        stop = min(out.numel(), start + _CHUNK)
-        g = torch.arange(offset + start, offset + stop, dtype=torch.int64, device=out.device)
-        out[start:stop] = _estimates(table, g, keys)
 
 
 def torch_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
@@ -157,13 +151,6 @@ def _numba_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
     return torch.from_numpy(numba_cpu.top_abs(x.numpy(), count))
 
 
-def _numba_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    from . import numba_cpu
-
-    _numba_threads()
-    numba_cpu.query(table.numpy(), keys, offset, out.numpy())
-
-
 def _cuda_view(t: torch.Tensor):
     from numba import config, cuda
 
@@ -184,12 +171,6 @@ def _cuda_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tens
     from . import numba_cuda
 
     numba_cuda.accumulate_at(_cuda_view(table), _cuda_view(idx), _cuda_view(vals), keys)
-
-
-def _cuda_query(table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    from . import numba_cuda
-
-    numba_cuda.query(_cuda_view(table), keys, offset, _cuda_view(out))
 
 
 def _cuda_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
@@ -240,11 +221,11 @@ def _cuda_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
 
 
 _KERNELS: dict[str, dict[str, Callable]] = {
-    "torch": {"accumulate": torch_accumulate, "accumulate_at": torch_accumulate_at, "query": torch_query,
+    "torch": {"accumulate": torch_accumulate, "accumulate_at": torch_accumulate_at,
               "heavy_hitters": torch_heavy_hitters, "top_abs": torch_top_abs},
-    "numba": {"accumulate": _numba_accumulate, "accumulate_at": _numba_accumulate_at, "query": _numba_query,
+    "numba": {"accumulate": _numba_accumulate, "accumulate_at": _numba_accumulate_at,
               "heavy_hitters": _numba_heavy_hitters, "top_abs": _numba_top_abs},
-    "cuda": {"accumulate": _cuda_accumulate, "accumulate_at": _cuda_accumulate_at, "query": _cuda_query,
+    "cuda": {"accumulate": _cuda_accumulate, "accumulate_at": _cuda_accumulate_at,
              "heavy_hitters": _cuda_heavy_hitters, "top_abs": _cuda_top_abs},
 }
 
@@ -290,6 +271,117 @@ def top_abs(backend: str, x: torch.Tensor, count: int) -> torch.Tensor:
     return _KERNELS[resolve(backend, x.device)]["top_abs"](x, count)
 
 
-def query(backend: str, table: torch.Tensor, keys: np.ndarray, offset: int, out: torch.Tensor) -> None:
-    """Writes every estimate of coordinates offset..offset+n-1 into ``out`` (n,) f32 (unpruned)."""
-    _KERNELS[resolve(backend, table.device)]["query"](table, keys, offset, out)
+class TorchOps:
+    """:class:`gs_horovod.array_ops.ArrayOps` for torch tensors, with the kernels of ``backend``."""
+
+    def __init__(self, backend: str = "auto") -> None:
+        self.backend = backend
+
+    def zeros(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(shape, dtype=torch.float32, device=like.device)
+
+    def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+    def from_numpy(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x)
+
+    def copy(self, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return xs[0] if len(xs) == 1 else torch.cat(xs)
+
+    def add_parts(self, base: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+        out, start = torch.empty_like(base), 0
+        for p in parts:
+            torch.add(base[start:start + p.numel()], p, out=out[start:start + p.numel()])
+            start += p.numel()
+        return out
+
+    def slice(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
+        return x[start:start + size]
+
+    def reshape(self, x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return x.reshape(shape)
+
+    def stack(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(xs)
+
+    def dtype_name(self, x: torch.Tensor) -> str:
+        return str(x.dtype).removeprefix("torch.")
+
+    def plus_minus(self, value: int) -> torch.Tensor:
+        return torch.tensor([value, -value], dtype=torch.int64)
+
+    def equal(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        return int(a) == int(b)
+
+    def cast(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
+        return x.to(_DTYPES[dtype])
+
+    def take(self, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x[idx]
+
+    def scatter(self, n: int, idx: torch.Tensor, vals: torch.Tensor, like: torch.Tensor,
+                tail: Optional[torch.Tensor] = None) -> torch.Tensor:
+        out = torch.zeros(n + (0 if tail is None else tail.numel()), dtype=torch.float32, device=like.device)
+        out[:n].index_copy_(0, idx, vals)
+        if tail is not None:
+            out[n:] = tail
+        return out
+
+    def scatter_sub(self, x: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        return x.index_add_(0, idx, vals, alpha=-1)
+
+    def where(self, mask: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.where(mask, a, b)
+
+    def isin_sorted(self, x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+        pos = torch.searchsorted(ref, x).clamp_(max=max(0, len(ref) - 1))
+        return ref[pos] == x if len(ref) else torch.zeros_like(x, dtype=torch.bool)
+
+    def all_finite(self, x: torch.Tensor) -> bool:
+        return bool(torch.isfinite(x).all())
+
+    def not_finite(self, x: torch.Tensor) -> torch.Tensor:
+        return (~torch.isfinite(x)).any().float()
+
+    def logical_and(self, a: bool, b: bool) -> bool:
+        return bool(a) and bool(b)
+
+    def top_abs(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        return top_abs(self.backend, x, count)
+
+    def sketch_accumulate(self, table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> torch.Tensor:
+        accumulate(self.backend, table, vec.contiguous(), keys, offset)
+        return table
+
+    def sketch_accumulate_at(self, table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor,
+                             keys: np.ndarray) -> torch.Tensor:
+        accumulate_at(self.backend, table, idx.contiguous(), vals.contiguous(), keys)
+        return table
+
+    def heavy_hitters(self, table: torch.Tensor, keys: np.ndarray, length: int,
+                      count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return heavy_hitters(self.backend, table.contiguous(), keys, length, count)
+
+    def checksum(self, idx: torch.Tensor) -> int:
+        return zlib.crc32(idx.cpu().numpy().tobytes())
+
+    def join_names(self, names: tuple[str, ...], flags: torch.Tensor) -> str:
+        return ", ".join(repr(n) for n, f in zip(names, flags.tolist()) if f > 0)
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        return true_fn() if bool(pred) else false_fn()
+
+    def when(self, pred: Any, fn: Callable[[], Any]) -> None:
+        if bool(pred):
+            fn()
+
+    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> None:
+        if not bool(pred):
+            raise error("".join(str(part) for part in message()))
+
+    def after(self, checks: list[Any], values: Any) -> Any:
+        return values  # torch checks raise at once

@@ -28,19 +28,19 @@ from numba import njit, prange
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
-from .hashing import first_threshold_rank, median_of, mix, row_sign, sign_word
+from .hashing import NAN_KEY, first_threshold_rank, median_of, mix, row_sign, sign_word, signed_cells
 
 _mix = njit(inline="always", cache=True)(mix)
 _sign_word = njit(inline="always", cache=True)(sign_word)
 _row_sign = njit(inline="always", cache=True)(row_sign)
 _median = njit(inline="always", cache=True)(median_of)
+_signed_cells = njit(inline="always", cache=True)(signed_cells)
 
 _M32 = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 _ONE = np.uint64(1)
 _S6 = np.uint64(6)
 _S63 = np.uint64(63)
-_NAN_KEY = 0x7F800001  # every NaN's |x| key: above +Inf (0x7F800000), so NaN ranks largest
 _THRESHOLD_SAMPLE = 1 << 16  # cells of |table| (strided) the first threshold is picked from
 _SERIAL_BELOW = 1 << 18  # elements below which a serial pass beats starting the thread pool
 _BLOCK = 2048  # coordinates per first-stage block of the pruned scan
@@ -104,28 +104,6 @@ def accumulate_at(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, keys: np
     """table[j, bucket_j(idx[i])] += sign_j(idx[i]) * vals[i] for every row j and i < n, in the
     order of i. idx: (n,) int64 global coordinates in [0, 2^62); vals: (n,) float32."""
     _scatter_any(table, idx, vals, np.uint64(keys[0]), 0, False)
-
-
-@njit(parallel=True, cache=True)
-def query(table: np.ndarray, keys: np.ndarray, offset: int, out: np.ndarray) -> None:
-    """out[i] = median_j sign_j(offset+i) * table[j, bucket_j(offset+i)]; out: (n,) float32."""
-    rows, cols = table.shape
-    ucols = np.uint64(cols)
-    key = np.uint64(keys[0])
-    n = out.shape[0]
-    nblocks = (n + 4095) // 4096
-    for blk in prange(nblocks):
-        buf = np.empty(rows, np.float32)
-        for i in range(blk * 4096, min(n, blk * 4096 + 4096)):
-            z = _mix(np.uint64(offset + i), key)
-            h2 = (z >> _S32) | _ONE
-            w = _sign_word(z)
-            u = z & _M32
-            for j in range(rows):
-                v = table[j, (u * ucols) >> _S32]
-                buf[j] = -v if _row_sign(w, j) else v
-                u = (u + h2) & _M32
-            out[i] = _median(buf, rows)
 
 
 @njit(cache=True)
@@ -223,12 +201,7 @@ def _scan(table: np.ndarray, key: np.uint64, offset: int, length: int, count: in
                     u = (u + h2) & _M32
                 if hits < need:
                     continue
-                w = _sign_word(z)
-                u = z & _M32
-                for j in range(rows):
-                    v = table[j, (u * ucols) >> _S32]
-                    buf[j] = -v if _row_sign(w, j) else v
-                    u = (u + h2) & _M32
+                _signed_cells(table, z, buf)
                 e = _median(buf, rows)
                 a = abs(e)
                 if a > t or (a == t and not strict):
@@ -290,7 +263,7 @@ def heavy_hitters(table: np.ndarray, keys: np.ndarray, length: int, count: int,
 @njit(inline="always", cache=True)
 def _abs_key(bits: np.uint32) -> np.int64:
     k = np.int64(bits) & 0x7FFFFFFF
-    return _NAN_KEY if k > 0x7F800000 else k
+    return NAN_KEY if k > 0x7F800000 else k
 
 
 @njit(inline="always", cache=True)

@@ -31,7 +31,6 @@ import numpy as np
 HASH_VERSION = 2
 MAX_COLS = 2**31 - 1  # cols * u < 2^63: the bucket product fits in int64 (torch, TensorFlow)
 MAX_ROWS = 64  # one sign bit per row from the 64-bit sign word
-MAX_INDEX = 2**62  # global coordinates lie in [0, MAX_INDEX)
 
 MASK32 = 0xFFFFFFFF
 MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -39,8 +38,7 @@ GAMMA = 0x9E3779B97F4A7C15  # splitmix64's increment (seed -> key)
 M1 = 0xBF58476D1CE4E5B9
 M2 = 0x94D049BB133111EB
 M3 = 0xD6E8FEB86659FD93
-SHIFTS = (30, 27, 31)  # mix64's xor-shifts
-SIGN_SHIFT = 29
+NAN_KEY = 0x7F800001  # every NaN's |x| order key (top_abs): one above +Inf's bits 0x7F800000
 
 _U = np.uint64
 _UM32, _UM1, _UM2, _UM3 = _U(MASK32), _U(M1), _U(M2), _U(M3)
@@ -85,6 +83,20 @@ def sign_word(z: np.uint64) -> np.uint64:
 def row_sign(w: np.uint64, j: int) -> bool:
     """Whether row ``j``'s sign is -1 (bit 63 - j of the sign word ``w``)."""
     return ((w >> (_U63 - _U(j))) & _U1) != _U(0)
+
+
+def signed_cells(table: np.ndarray, z: np.uint64, buf: np.ndarray) -> None:
+    """buf[j] = sign_j · table[j, bucket_j] for every row j of the coordinate whose mix is z:
+    the values whose median is its estimate (``median_of(buf, rows)``). table: (rows, cols) f32;
+    buf: (>= rows,) f32. Compiled by Numba for CPU and GPU (the row loop of every scan)."""
+    ucols = np.uint64(table.shape[1])
+    h2 = (z >> _U32) | _U1
+    w = (z ^ (z >> _U29)) * _UM3
+    u = z & _UM32
+    for j in range(table.shape[0]):
+        v = table[j, (u * ucols) >> _U32]
+        buf[j] = -v if ((w >> (_U63 - np.uint64(j))) & _U1) != np.uint64(0) else v
+        u = (u + h2) & _UM32
 
 
 def median_of(buf: np.ndarray, rows: int) -> np.float32:

@@ -1,0 +1,221 @@
+"""Count-Sketch kernels in pure TensorFlow ops, and :class:`TfOps`, the engine's array operations
+in TF ops. Graph-safe (usable inside ``tf.function`` with a static ``count``); the same contract
+and bitwise the same hashes and tables as the NumPy reference, :mod:`.numba_cpu` and
+:mod:`.torch_ops` (see :mod:`.hashing`)::
+
+    accumulate(table, vec, keys, offset) -> table       # + sketch of vec (n,) f32 at offset..offset+n-1
+    accumulate_at(table, idx, vals, keys) -> table      # + sketch of vals (n,) f32 at idx (n,) int64
+    heavy_hitters(table, keys, length, count, offset=0) -> (idx (count,) int64 ascending, est (count,) f32)
+    top_abs(x, count) -> idx (count,) int64 ascending
+
+The hash runs in int64 ops (multiplication wraps mod 2^64, logical shifts by masking), which
+TensorFlow has on every device, unlike some uint64 kernels. Additions go through
+``tensor_scatter_nd_add``, which adds in index order onto the table, as ``index_add_`` and the
+Numba kernels do. ``heavy_hitters`` computes every estimate (no pruning: one gather per row
+and a sort over rows), so it holds O(rows · length) temporaries; ``top_abs`` uses ``top_k`` on
+int32 keys of |x| and a tie fix by index.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from .hashing import M1, M2, M3, MASK32, NAN_KEY, to_int64
+
+_M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
+_DTYPES = {"float16": tf.float16, "float32": tf.float32}
+
+
+def _srl(x: tf.Tensor, s: int) -> tf.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, tf.constant(s, tf.int64)), (1 << (64 - s)) - 1)
+
+
+def hashes(g: tf.Tensor, keys: np.ndarray, rows: int, cols: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Buckets (rows, n) int64 and sign bits (rows, n) bool (True: -1) of coordinates g (n,) int64."""
+    xor, band = tf.bitwise.bitwise_xor, tf.bitwise.bitwise_and
+    z = xor(g, tf.constant(int(keys[0]), tf.int64))
+    z = xor(z, _srl(z, 30)) * _M1
+    z = xor(z, _srl(z, 27)) * _M2
+    z = xor(z, _srl(z, 31))
+    h1, h2 = band(z, MASK32), tf.bitwise.bitwise_or(_srl(z, 32), 1)
+    w = xor(z, _srl(z, 29)) * _M3
+    j = tf.range(rows, dtype=tf.int64)[:, None]
+    buckets = tf.bitwise.right_shift(band(h1[None, :] + j * h2[None, :], MASK32) * cols, tf.constant(32, tf.int64))
+    neg = band(tf.bitwise.right_shift(w[None, :], 63 - j), 1) != 0
+    return buckets, neg
+
+
+def accumulate_at(table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
+    """``table`` (rows, cols) f32 plus the sketch of the sparse vector with ``vals`` (n,) f32 at
+    global coordinates ``idx`` (n,) int64 in [0, 2^62), added in idx order."""
+    rows, cols = int(table.shape[0]), int(table.shape[1])
+    buckets, neg = hashes(tf.cast(idx, tf.int64), keys, rows, cols)
+    vals = tf.cast(vals, tf.float32)
+    signed = tf.where(neg, -vals[None, :], vals[None, :])
+    row = tf.broadcast_to(tf.range(rows, dtype=tf.int64)[:, None], tf.shape(buckets))
+    cells = tf.reshape(tf.stack([row, buckets], axis=-1), [-1, 2])
+    return tf.tensor_scatter_nd_add(table, cells, tf.reshape(signed, [-1]))
+
+
+def accumulate(table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
+    """``table`` (rows, cols) f32 plus the sketch of ``vec`` (n,) f32 at coordinates offset..offset+n-1."""
+    g = tf.range(offset, offset + tf.cast(tf.size(vec), tf.int64), dtype=tf.int64)
+    return accumulate_at(table, g, vec, keys)
+
+
+def _estimates(table: tf.Tensor, g: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
+    rows, cols = int(table.shape[0]), int(table.shape[1])
+    buckets, neg = hashes(g, keys, rows, cols)
+    v = tf.gather(table, buckets, batch_dims=1)
+    est = tf.sort(tf.where(neg, -v, v), axis=0)
+    return est[rows // 2] if rows % 2 else (est[rows // 2 - 1] + est[rows // 2]) * 0.5
+
+
+def _abs_key(x: tf.Tensor) -> tf.Tensor:
+    k = tf.bitwise.bitwise_and(tf.bitcast(tf.cast(x, tf.float32), tf.int32), 0x7FFFFFFF)
+    return tf.where(k > 0x7F800000, tf.constant(NAN_KEY, tf.int32), k)
+
+
+def _top_keys(key: tf.Tensor, count: int) -> tf.Tensor:
+    """Positions (count,) int64 ascending of the ``count`` largest int32 keys, ties to smaller positions."""
+    cut = tf.reduce_min(tf.math.top_k(key, count, sorted=False).values)
+    above = tf.reshape(tf.where(key > cut), [-1])
+    ties = tf.reshape(tf.where(key == cut), [-1])[: count - tf.size(above)]
+    return tf.ensure_shape(tf.sort(tf.concat([above, ties], 0)), [count])
+
+
+def top_abs(x: tf.Tensor, count: int) -> tf.Tensor:
+    """Indices (count,) int64 ascending of the ``count`` largest |x| of x (n,) f32 (ties: smaller
+    index; NaN above ±Inf above every finite value)."""
+    return _top_keys(_abs_key(x), count)
+
+
+def heavy_hitters(table: tf.Tensor, keys: np.ndarray, length: int, count: int,
+                  offset: int = 0) -> tuple[tf.Tensor, tf.Tensor]:
+    """The ``count`` coordinates of offset..offset+length-1 with the largest |median-of-rows
+    estimate| (ties: smaller index): (idx (count,) int64 ascending in [0, length), est (count,) f32)."""
+    if not 1 <= count <= length:
+        raise ValueError(f"count must be in [1, length={length}], got {count}")
+    est = _estimates(table, tf.range(offset, offset + length, dtype=tf.int64), keys)
+    idx = _top_keys(_abs_key(est), count)
+    return idx, tf.gather(est, idx)
+
+
+class TfOps:
+    """:class:`gs_horovod.array_ops.ArrayOps` for TensorFlow: pure TF ops, graph-safe."""
+
+    def zeros(self, shape: tuple[int, ...], like: Any) -> tf.Tensor:
+        return tf.zeros(shape, tf.float32)
+
+    def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.zeros_like(x)
+
+    def from_numpy(self, x: np.ndarray) -> tf.Tensor:
+        return tf.constant(x)
+
+    def copy(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.identity(x)
+
+    def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
+        return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
+
+    def add_parts(self, base: tf.Tensor, parts: list[tf.Tensor]) -> tf.Tensor:
+        return base + self.concat(parts)
+
+    def slice(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
+        return x[start:start + size]
+
+    def reshape(self, x: tf.Tensor, shape: tuple[int, ...]) -> tf.Tensor:
+        return tf.reshape(x, shape)
+
+    def stack(self, xs: list[tf.Tensor]) -> tf.Tensor:
+        return tf.stack(xs)
+
+    def dtype_name(self, x: tf.Tensor) -> str:
+        return x.dtype.name
+
+    def plus_minus(self, value: Any) -> tf.Tensor:
+        value = tf.cast(value, tf.int64)
+        return tf.stack([value, -value])
+
+    def equal(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.equal(a, b)
+
+    def cast(self, x: tf.Tensor, dtype: str) -> tf.Tensor:
+        return tf.cast(x, _DTYPES[dtype])
+
+    def take(self, x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+        return tf.gather(x, idx)
+
+    def scatter(self, n: int, idx: tf.Tensor, vals: tf.Tensor, like: Any,
+                tail: Optional[tf.Tensor] = None) -> tf.Tensor:
+        out = tf.scatter_nd(idx[:, None], vals, [n])
+        return out if tail is None else tf.concat([out, tail], 0)
+
+    def scatter_sub(self, x: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
+        return tf.tensor_scatter_nd_sub(x, idx[:, None], vals)
+
+    def where(self, mask: tf.Tensor, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.where(mask, a, b)
+
+    def isin_sorted(self, x: tf.Tensor, ref: tf.Tensor) -> tf.Tensor:
+        pos = tf.minimum(tf.searchsorted(ref, x), tf.maximum(tf.size(ref, tf.int32) - 1, 0))
+        return tf.equal(tf.gather(ref, pos), x)
+
+    def all_finite(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_all(tf.math.is_finite(x))
+
+    def not_finite(self, x: tf.Tensor) -> tf.Tensor:
+        return 1.0 - tf.cast(self.all_finite(x), tf.float32)
+
+    def logical_and(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.logical_and(a, b)
+
+    def top_abs(self, x: tf.Tensor, count: int) -> tf.Tensor:
+        return top_abs(x, count)
+
+    def sketch_accumulate(self, table: tf.Tensor, vec: tf.Tensor, keys: np.ndarray, offset: int) -> tf.Tensor:
+        return accumulate(table, vec, keys, offset)
+
+    def sketch_accumulate_at(self, table: tf.Tensor, idx: tf.Tensor, vals: tf.Tensor, keys: np.ndarray) -> tf.Tensor:
+        return accumulate_at(table, idx, vals, keys)
+
+    def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
+        return heavy_hitters(table, keys, length, count)
+
+    def checksum(self, idx: tf.Tensor) -> tf.Tensor:
+        """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""
+        low = tf.reduce_sum(tf.math.floormod(idx, 65521) ** 2) % (2**21)
+        return (tf.reduce_sum(idx) % (2**40)) * (2**21) + low
+
+    def join_names(self, names: tuple[str, ...], flags: tf.Tensor) -> tf.Tensor:
+        quoted = tf.constant([repr(n) for n in names])
+        return tf.strings.reduce_join(tf.boolean_mask(quoted, flags > 0), separator=", ")
+
+    def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        if isinstance(pred, bool):
+            return true_fn() if pred else false_fn()
+        return tf.cond(pred, true_fn, false_fn)
+
+    def when(self, pred: Any, fn: Callable[[], Any]) -> Any:
+        def run() -> tf.Tensor:
+            with tf.control_dependencies([fn()]):
+                return tf.constant(True)
+
+        return self.cond(pred, run, lambda: tf.constant(True))
+
+    def fail_unless(self, pred: Any, error: type, message: Callable[[], list[Any]]) -> Any:
+        def text() -> tf.Tensor:
+            return tf.strings.join([p if isinstance(p, tf.Tensor) and p.dtype == tf.string else tf.strings.as_string(p)
+                                    if isinstance(p, (tf.Tensor, tf.Variable)) else str(p) for p in message()])
+
+        pred = tf.convert_to_tensor(pred)
+        return tf.debugging.Assert(pred, [tf.cond(pred, lambda: tf.constant(""), text)], name=error.__name__)
+
+    def after(self, checks: list[Any], values: Any) -> Any:
+        with tf.control_dependencies(checks):
+            return tf.nest.map_structure(tf.identity, values)
