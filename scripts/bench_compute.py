@@ -33,21 +33,22 @@ NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
 
 
 class GsRank:
-    """One rank's gs-SGD state, as the torch adapter keeps it, stepping the real engine."""
+    """One rank's gs-SGD state as the adapters keep it (a flat residual), stepping the real
+    engine (``GsSgd.step``) with the rank's collectives."""
 
     def __init__(self, ratio: float, shapes: list[tuple[int, ...]]) -> None:
         self.config = GsConfig(ratio=ratio)
+        self.ops = TorchOps(self.config.backend)
         sizes = [s[0] * s[1] for s in shapes]
         self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config)
-        self.residuals = [torch.zeros(d) for d in sizes]
+        self.residual = torch.zeros(sum(sizes))
         self.steps = 0
 
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> list[torch.Tensor]:
-        engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
-        out = engine.step(self.layout, [g.reshape(-1) for _, g in named], self.residuals, [], self.steps,
-                          self.steps == 0)
-        self.residuals, self.steps = out.residuals, out.steps
-        return out.updates
+    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> torch.Tensor:
+        out = GsSgd(self.config, self.ops, comm).step(self.layout, [g.reshape(-1) for _, g in named],
+                                                      self.residual, None, self.steps, self.steps == 0)
+        self.residual, self.steps = out.residual, out.steps
+        return out.update
 
 
 METHODS: dict[str, Callable[[float, list], Any]] = {
