@@ -23,6 +23,7 @@ OUT="${1:?output file}"; RATES="${2:-100mbit 1gbit}"
 VARIANTS="${3:-gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16}"
 RANKS="${4:-2 4}"; REPEATS="${5:-3}"
 shift 5 || shift $#
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS must be a positive integer, got '$REPEATS'" >&2; exit 2; }
 read -ra VARIANT_LIST <<<"$VARIANTS"
 N=$(tr ' ' '\n' <<<"$RANKS" | sort -n | tail -1); NET=10.77.0; BR=gsbr0; CORES=$(nproc)
 export PMIX_MCA_gds=hash  # PMIx's shared-memory data store logs a harmless error here
