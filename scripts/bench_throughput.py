@@ -12,8 +12,9 @@ Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``
 ``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
 (``[kind, payload bytes]``, :mod:`gs_horovod.wire`'s kinds) from the method's meter.
 
-The full run (the headline variants; 3 repeats × 20 timed steps per cell; estimated 21 min on
-the idle 2-core VM, 18–28 min given the estimate's spread):
+The full run (the headline variants; 3 repeats × 20 timed steps per cell; estimated 22 min on
+the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
+per step measured here under other jobs' load, not an idle timing of the whole run):
 
     bash scripts/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
         "gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16" "2 4" 3 \
@@ -21,8 +22,8 @@ the idle 2-core VM, 18–28 min given the estimate's spread):
     python scripts/cost_model.py --validate docs/throughput_lm.jsonl
 
 Why these sizes: 54 launches (3 repeats × 2 P × 9 variants) of 3 phases each. A launch costs
-~6 s per rank before its first step (imports, MPI and Horovod init, Numba's cached kernels),
-and 4 ranks share 2 cores, so launches alone take ~10 of the minutes. At hidden 512 (1.77M
+6–8 s of CPU per rank before its first timed step (imports, MPI and Horovod init, Numba's
+cached kernels), and 4 ranks share 2 cores, so launches alone take ~11 of the minutes. At hidden 512 (1.77M
 parameters, a 7.1 MB dense gradient) a step costs 40–130 ms of CPU per rank at P = 2 (dense
 fastest, gs-SGD / gTop-k (global) / Sketched-SGD slowest) and twice that at P = 4; dense's
 allreduce is then ~90 % of its step at 100 Mbit/s and 55–60 % at 1 Gbit/s by the cost model,
