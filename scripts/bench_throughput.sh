@@ -105,6 +105,7 @@ sent() {  # sent RATE: proof that the last phase's traffic crossed the link shap
 phases() {  # phases NP ARGS...: one launch of bench_throughput.py, a phase per link setting
   local np="$1" rate pid prev=local; shift
   rm -f "$SYNC"/*
+  shape local  # start-up (broadcast of the model included) on unshaped links
   run "$np" "$ROOT/scripts/bench_throughput.py" --labels local $RATES --sync "$SYNC" "$@" &
   pid=$!
   for rate in local $RATES; do
