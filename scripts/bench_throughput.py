@@ -16,9 +16,9 @@ The full run (the headline variants; 3 repeats × 20 timed steps per cell; estim
 the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
 per step measured here under other jobs' load, not an idle timing of the whole run):
 
-    bash scripts/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
+    RATIO=0.001 bash scripts/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
         "gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16" "2 4" 3 \
-        --ratio 0.001 --hidden 512 --steps 20 --warmup 2
+        --hidden 512 --steps 20 --warmup 2
     python scripts/cost_model.py --validate docs/throughput_lm.jsonl
 
 Why these sizes: 54 launches (3 repeats × 2 P × 9 variants) of 3 phases each. A launch costs

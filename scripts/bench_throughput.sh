@@ -3,10 +3,12 @@
 # Each rank runs in its own network namespace on a veth link to a bridge and is pinned to one
 # core (rank i on core i mod nproc, one OpenMP and one Numba thread; more ranks than cores
 # share them). Links are "local" (unshaped) or shaped to a RATE in both directions by tc tbf.
-#   bash scripts/bench_throughput.sh OUT.jsonl RATES VARIANTS RANKS REPEATS [args...]
+#   RATIO=0.001 bash scripts/bench_throughput.sh OUT.jsonl RATES VARIANTS RANKS REPEATS [args...]
 # VARIANTS: words METHOD[:NAME=VALUE,...], e.g. "gs gtopk gtopk:scope=layer powersgd:rank=1
-# none"; each option goes to a baseline as --opt NAME=VALUE, to gs as --gs NAME=VALUE. Extra
-# args go to scripts/bench_throughput.py (e.g. --ratio 0.001 --hidden 512 --steps 20).
+# none"; each option goes to a baseline as --opt NAME=VALUE, to gs as --gs NAME=VALUE. RATIO
+# (default 0.001) goes as --ratio to the methods that select k = RATIO·D coordinates (gs, topk,
+# gtopk, sketched); dense, fp16 and PowerSGD refuse one. Extra args go to every launch of
+# scripts/bench_throughput.py (e.g. --hidden 512 --steps 20).
 # Order: the repeat loop is outermost, so drift spreads over every variant alike. Each repeat
 # first runs an MPI ping-pong between ranks 0 and 1 at every link setting (scripts/pingpong.py:
 # α and β for scripts/cost_model.py), then per rank count every variant, its order rotated by
@@ -24,6 +26,7 @@ VARIANTS="${3:-gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd
 RANKS="${4:-2 4}"; REPEATS="${5:-3}"
 shift 5 || shift $#
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS must be a positive integer, got '$REPEATS'" >&2; exit 2; }
+RATIO="${RATIO:-0.001}"
 read -ra VARIANT_LIST <<<"$VARIANTS"
 N=$(tr ' ' '\n' <<<"$RANKS" | sort -n | tail -1); NET=10.77.0; BR=gsbr0; CORES=$(nproc)
 export PMIX_MCA_gds=hash  # PMIx's shared-memory data store logs a harmless error here
@@ -93,6 +96,7 @@ variant_flags() {  # variant_flags WORD: sets FLAGS to bench_throughput.py's fla
   local method="${1%%:*}" flag=--opt item
   local -a items=()
   FLAGS=(--compression "$method")
+  case $method in gs|topk|gtopk|sketched) FLAGS+=(--ratio "$RATIO") ;; esac
   [[ $method == gs ]] && flag=--gs
   [[ $1 == *:* ]] && IFS=, read -ra items <<<"${1#*:}"
   for item in "${items[@]}"; do FLAGS+=("$flag" "$item"); done

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cost_model import exchange, gs_config, parse_variant, planned, variant_label
+from cost_model import exchange, gs_config, parse_variant, planned, takes_ratio, variant_label
 
 from gs_horovod.wire import total_wire_bytes
 
@@ -53,7 +53,7 @@ def measure(shape: tuple[int, int], ratio: float) -> dict[str, tuple[float, floa
         method, options = parse_variant(v)
         param = torch.nn.Parameter(torch.zeros(shape))
         opt, meter = distributed_optimizer(method, torch.optim.SGD([param], lr=0.0), [("w", param)],
-                                           None if method in ("none", "fp16") else ratio, **options)
+                                           ratio if takes_ratio(method) else None, **options)
         g = torch.Generator().manual_seed(hvd.rank())
         (param * torch.randn(shape, generator=g)).sum().backward()
         opt.step()

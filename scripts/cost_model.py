@@ -107,6 +107,12 @@ def _numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 
+def takes_ratio(method: str) -> bool:
+    """Whether the method selects k = ratio · D coordinates (gs-SGD, top-k, gTop-k,
+    Sketched-SGD); dense, fp16 and PowerSGD take no ratio."""
+    return method == "gs" or (method in METHODS and "ratio" in inspect.signature(METHODS[method]).parameters)
+
+
 def exchange(method: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
     """The baseline's :class:`~gs_horovod.baselines.Exchange` with these options (``ratio``
     None: its default)."""
@@ -124,20 +130,18 @@ def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]],
             ratio: Optional[float] = None) -> Collectives:
     """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
     sizes alone, as each method's own code counts them: Horovod's dense (f32) or fp16 allreduce;
-    gs-SGD's sketch and exact-round allreduces (``Layout.payload_bytes``; tree merge under
-    merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records them; a
-    baseline's ``Exchange.planned``."""
+    gs-SGD's sketch and exact-round allreduces (``Layout.split(...).payload_bytes``; tree merge
+    under merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records
+    them; a baseline's ``Exchange.planned``. ``ratio`` applies to the methods that take one
+    (:func:`takes_ratio`; None: their default)."""
+    ratio = ratio if takes_ratio(method) else None
     if method in ("none", "fp16"):
         return [("allreduce", float(sum(map(_numel, shapes)) * (2 if method == "fp16" else 4)))]
     if method != "gs":
         return exchange(method, options, ratio).planned(shapes, ranks)
     config, merge = gs_config(options, ratio)
-    sizes = [_numel(s) for s in shapes]
-    big = [d for d in sizes if d >= config.min_size]
-    small = tuple(d for d in sizes if d < config.min_size)
-    layout = Layout.build([f"t{i:06d}" for i in range(len(big))], big, config,
-                          tuple(f"s{i:06d}" for i in range(len(small))), small)
-    sketch, exact, dense = layout.payload_bytes(config) if layout.groups else (0, 0, 4 * sum(sizes))
+    layout = Layout.split([(f"t{i:06d}", _numel(s)) for i, s in enumerate(shapes)], config)
+    sketch, exact, dense = layout.payload_bytes(config)
     kind = "tree" if merge == "mpi" else "allreduce"
     return [(kind, float(sketch)), (kind, float(exact + dense))]
 
@@ -442,9 +446,10 @@ def print_projection(args: argparse.Namespace) -> None:
     for model in MODELS.values():
         print(f"\n{model.name}, {model.params:,} parameters: compute {model.source}")
     config = gs_config(parse_variant(gs)[1], args.ratio)[0]
-    print(f"\nk = {args.ratio} · D for every method; {_label(gs)}: {config.rows} rows × {config.width}·k columns, "
-          f"{config.sketch_dtype} sketch, {config.candidates}·k candidates; baselines at their defaults unless the "
-          f"variant says otherwise; α = {args.alpha * 1e6:g} µs per round (ASSUMED); compression kernels at "
+    print(f"\nk = {args.ratio} · D for every method that selects k (PowerSGD: its rank sets the size); "
+          f"{_label(gs)}: {config.rows} rows × {config.width}·k columns, {config.sketch_dtype} sketch, "
+          f"{config.candidates}·k candidates; baselines at their defaults unless the variant says otherwise; "
+          f"α = {args.alpha * 1e6:g} µs per round (ASSUMED); compression kernels at "
           f"{args.gpu_bandwidth / 1e9:g} GB/s (ASSUMED)")
     others = [v for v in variants if v != gs]
     print(f"\n{_label(gs)} steps/s ÷ each variant's (> 1: gs-SGD faster)\n")
@@ -475,7 +480,8 @@ def main() -> None:
     p.add_argument("--project", action="store_true", help="project steps/s to P = 8 … 1024")
     p.add_argument("--variants", default=" ".join(HEADLINE),
                    help="projection: variant words, METHOD[:NAME=VALUE,...], one of them gs (default: %(default)s)")
-    p.add_argument("--ratio", type=float, default=0.001, help="projection: k / D for the whole model (every method)")
+    p.add_argument("--ratio", type=float, default=0.001,
+                   help="projection: k / D for the whole model (gs, top-k, gTop-k, Sketched-SGD)")
     p.add_argument("--alpha", type=float, default=5e-6, help="projection: per-round latency in s (ASSUMED)")
     p.add_argument("--gpu-bandwidth", type=float, default=1.0e12,
                    help="projection: effective GPU memory bandwidth in bytes/s for compression kernels (ASSUMED)")
