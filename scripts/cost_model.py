@@ -225,7 +225,7 @@ def measured(cells: dict[tuple[str, int, str], Cell], labels: list[str]) -> None
     for P in sorted({p for _, p, _ in cells}):
         repeats = sorted({len(c.by_repeat) for c in cells.values() if c.ranks == P})
         span = str(repeats[0]) if len(repeats) == 1 else f"{repeats[0]}–{repeats[-1]}"
-        print(f"{P} ranks: steps/s, median (min–max) over {span} repeats per cell"
+        print(f"{P} ranks: steps/s, median (min–max) over {span} repeat{'' if span == '1' else 's'} per cell"
               + (f"; {_label(gs)} ÷ each, median (per-repeat min–max)" if gs else "") + "\n")
         print("| variant | payload bytes/step/rank | " + " | ".join(labels)
               + "".join(f" | gs-SGD ÷ it, {label}" for label in shaped) + " |\n|---|---|"
