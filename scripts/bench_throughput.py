@@ -1,72 +1,83 @@
-"""Steps per second of one method training the byte-level LSTM language model
-(``workloads.LstmLM``, 11.48M parameters) on the standard library's ``.py`` sources
-(``workloads.stdlib_text``, this rank's shard of the training files). Launched by
-``scripts/bench_throughput.sh`` on ranks in separate network namespaces. Rank 0 appends one
-JSON line to ``--out`` with steps/s, the payload bytes per step and the collectives of one
-step (``[kind, bytes]``, kinds as in ``scripts/cost_model.py``).
+"""Steps per second of one method variant training the byte-level LSTM language model
+(``workloads.LstmLM``) on the standard library's ``.py`` sources (``workloads.stdlib_text``,
+this rank's shard of the training files). Launched by ``scripts/bench_throughput.sh`` on ranks
+in separate network namespaces; runs as well under plain horovodrun (a smoke test):
+
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench_throughput.py --hidden 32 --steps 2 --warmup 1
+
+One launch runs a phase per link setting (``--labels``; with ``--sync`` it waits between phases
+while the .sh reshapes the links), each ``--warmup`` untimed then ``--steps`` timed steps.
+Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``options``,
+``variant`` as ``scripts/cost_model.py`` parses it), ``label`` (the link setting) and
+``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
+(``[kind, payload bytes]``, :mod:`gs_horovod.wire`'s kinds) from the method's meter.
+
+The full run (the headline variants; 3 repeats × 20 timed steps per cell; estimated 22 min on
+the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
+per step measured here under other jobs' load, not an idle timing of the whole run):
+
+    RATIO=0.001 bash scripts/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
+        "gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16" "2 4" 3 \
+        --hidden 512 --steps 20 --warmup 2
+    python scripts/cost_model.py --validate docs/throughput_lm.jsonl
+
+Why these sizes: 54 launches (3 repeats × 2 P × 9 variants) of 3 phases each. A launch costs
+6–8 s of CPU per rank before its first timed step (imports, MPI and Horovod init, Numba's
+cached kernels), and 4 ranks share 2 cores, so launches alone take ~11 of the minutes. At hidden 512 (1.77M
+parameters, a 7.1 MB dense gradient) a step costs 40–130 ms of CPU per rank at P = 2 (dense
+fastest, gs-SGD / gTop-k (global) / Sketched-SGD slowest) and twice that at P = 4; dense's
+allreduce is then ~90 % of its step at 100 Mbit/s and 55–60 % at 1 Gbit/s by the cost model,
+but ~20 % or less at 10 Gbit/s (the veth pair tops out near 6 Gbit/s here), so 10gbit would add
+minutes and hardly a row that the model's check counts. Hidden 1024 (5.58M) would take ~45 min. CPU compute is
+far slower than a GPU's, so what these rates stand for is a ratio of bytes to compute, not a
+link speed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import time
+from pathlib import Path
+from typing import Optional
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from demo_common import add_compression_flags, gs_options
+from cost_model import variant_word
+from demo_common import add_compression_flags, method_options, torch_distributed_optimizer
 from workloads import LstmLM, stdlib_text, text_batch
 
-from gs_horovod.baselines import METHODS, distributed_optimizer
-from gs_horovod.torch import GsSketch
+from gs_horovod.baselines import ALL_METHODS
 
 
-def collectives(method: str, exchange_or_gs, named: list, ranks: int, powersgd_rank: int,
-                steps: int) -> list[list]:
-    """The collectives one step issues, as [kind, bytes per rank]: "allreduce" (ring), "allgather"
-    (ring, bytes this rank contributes), "pairwise" (one recursive-doubling exchange),
-    "gather" (every rank to rank 0), "broadcast" (from rank 0)."""
-    dense = sum(p.numel() * 4 for _, p in named)
-    if method in ("none", "fp16"):
-        return [["allreduce", dense // (2 if method == "fp16" else 1)]]
-    if method == "gs":
-        s = exchange_or_gs.stats
-        out = [["allreduce", (s.sketch_bytes + s.dense_bytes) / steps]]
-        return out + ([["allreduce", s.exact_bytes / steps]] if s.exact_bytes else [])
-    ex = exchange_or_gs
-    sizes = [p.numel() for _, p in named]
-    if method == "topk":
-        half = ex.bytes_per_step(sizes, ranks) / 2
-        return [["allgather", half], ["allgather", half]]
-    if method == "gtopk":
-        per_round = sum(4 * ex.k_for(d) for d in sizes)
-        return [["pairwise", per_round]] * (2 * int(math.log2(ranks)))
-    if method == "sketched":
-        sketch = sum(4 * ex.rows * ex._cols(d) for d in sizes)
-        cands = sum(min(d, ex.p2 * ex.k_for(d)) for d in sizes)
-        return [["gather", sketch], ["broadcast", 8 * cands], ["allreduce", 4 * cands]]
-    if method == "powersgd":
-        shapes = [(p.shape[0], p.numel() // p.shape[0]) if p.dim() >= 2 else (p.numel(), 1) for _, p in named]
-        low = [s for s in shapes if min(s) > powersgd_rank]
-        flat = sum(4 * n * m for n, m in shapes if min(n, m) <= powersgd_rank)
-        return ([["allreduce", flat]] if flat else []) + [
-            ["allreduce", sum(4 * n * powersgd_rank for n, _ in low)],
-            ["allreduce", sum(4 * m * powersgd_rank for _, m in low)]]
-    raise ValueError(f"unknown method {method!r}")
+def wait_for_links(sync: Optional[Path], label: str) -> None:
+    """Before a phase: with ``sync``, rank 0 creates ``sync/ready.LABEL`` and waits (up to 10
+    min) for ``sync/go.LABEL``, which the .sh creates once the links are shaped; then all ranks
+    meet."""
+    if sync is not None and hvd.rank() == 0:
+        (sync / f"ready.{label}").touch()
+        deadline = time.monotonic() + 600
+        while not (sync / f"go.{label}").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {sync / f'go.{label}'} after 10 min")
+            time.sleep(0.05)
+    hvd.allreduce(torch.zeros(1), name=f"links.{label}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_compression_flags(p, ["gs", "none", "fp16", *METHODS])
-    p.add_argument("--powersgd-rank", type=int, default=4)
+    add_compression_flags(p, list(ALL_METHODS))
     p.add_argument("--batch", type=int, default=2, help="windows per rank per step")
     p.add_argument("--seq", type=int, default=16, help="bytes per window")
-    p.add_argument("--hidden", type=int, default=1536)
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (kernel compilation)")
-    p.add_argument("--label", default="", help="e.g. the link rate")
+    p.add_argument("--hidden", type=int, default=512, help="LSTM units (512: 1.77M parameters; 1536: 11.48M)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per phase")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before each phase's timed ones")
+    p.add_argument("--labels", nargs="+", default=["local"],
+                   help="one phase per link setting, in order (e.g. local 100mbit 1gbit); a JSON line each")
+    p.add_argument("--sync", type=Path, help="directory for the ready/go handshake with bench_throughput.sh")
+    p.add_argument("--repeat", type=int, default=1, help="which repeat of the matrix this launch belongs to")
     p.add_argument("--out")
     args = p.parse_args()
     hvd.init()
@@ -76,17 +87,8 @@ def main() -> None:
     model = LstmLM(hidden=args.hidden)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     named = list(model.named_parameters())
-    base = torch.optim.SGD(model.parameters(), lr=0.01)
-    if args.compression == "gs":
-        handle = GsSketch(**gs_options(args))
-        opt = hvd.DistributedOptimizer(base, named_parameters=named, compression=handle)
-        bytes_per_step = lambda: handle.stats.total_bytes / max(1, handle.stats.steps)  # noqa: E731
-    else:
-        extra = {"ratio": args.ratio} if args.ratio is not None else {}
-        if args.compression == "powersgd":
-            extra["powersgd_rank"] = args.powersgd_rank
-        opt, bytes_per_step = distributed_optimizer(args.compression, base, named, **extra)
-        handle = getattr(opt, "exchange", None)
+    opt, meter = torch_distributed_optimizer(args, torch.optim.SGD(model.parameters(), lr=0.01), named)
+    ratio, options = method_options(args)
     g = torch.Generator().manual_seed(hvd.rank())
 
     def step() -> None:
@@ -96,22 +98,26 @@ def main() -> None:
         F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
         opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    hvd.allreduce(torch.zeros(1), name="barrier.start")
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    hvd.allreduce(torch.zeros(1), name="barrier.end")
-    seconds = time.perf_counter() - start
-    if hvd.rank() == 0:
-        row = {"kind": "run", "label": args.label, "method": args.compression,
-               "ratio": args.ratio, "gs_options": gs_options(args) if args.compression == "gs" else {},
-               "ranks": hvd.size(), "batch": args.batch, "seq": args.seq,
-               "params": sum(q.numel() for _, q in named), "steps": args.steps,
-               "steps_per_s": args.steps / seconds, "bytes_per_step": bytes_per_step(),
-               "collectives": collectives(args.compression, handle, named, hvd.size(), args.powersgd_rank,
-                                          args.warmup + args.steps)}
+    for label in args.labels:
+        wait_for_links(args.sync, label)
+        for _ in range(args.warmup):
+            step()
+        hvd.allreduce(torch.zeros(1), name=f"start.{label}")
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        hvd.allreduce(torch.zeros(1), name=f"end.{label}")
+        seconds = time.perf_counter() - start
+        if hvd.rank() != 0:
+            continue
+        payload, wire = meter.per_step()
+        row = {"kind": "run", "label": label, "repeat": args.repeat, "method": args.compression,
+               "options": options, "variant": variant_word(args.compression, options), "ratio": ratio,
+               "ranks": hvd.size(), "cpu_count": os.cpu_count(), "batch": args.batch, "seq": args.seq,
+               "hidden": args.hidden, "params": sum(q.numel() for _, q in named), "warmup": args.warmup,
+               "steps": args.steps, "seconds": seconds, "steps_per_s": args.steps / seconds,
+               "bytes_per_step": payload, "wire_bytes_per_step": wire,
+               "collectives": [list(c) for c in meter.collectives()]}
         print(json.dumps(row), flush=True)
         if args.out:
             with open(args.out, "a") as f:

@@ -1,124 +1,113 @@
-"""Bytes per rank per step of every method for one d-element gradient (default d = 25.6M, as
-ResNet-50, k = 0.1 %): measured on real ranks and counted from the sizes for P up to 1024.
+"""Bytes per rank per step of every method variant for one d-element gradient (default d =
+25.6M, as ResNet-50, k = 0.1 %): counted from the sizes for P up to 1024, and measured on real
+ranks.
 
+    python scripts/bench_wire.py --table --plot docs/wire.png --out docs/wire_counted.json   # counted
     horovodrun -np 2 -H localhost:2 --gloo python scripts/bench_wire.py --measure --out docs/wire_P2.json
     horovodrun -np 4 -H localhost:4 --gloo python scripts/bench_wire.py --measure --out docs/wire_P4.json
-    python scripts/bench_wire.py --table --plot docs/wire.png     # counted, P = 2 … 1024
 
+Counted: each variant's collectives of one step from the gradient's shape alone
+(``cost_model.planned``: the baselines' ``Exchange.planned``, gs-SGD's ``Layout.payload_bytes``,
+Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.wire`. Measured: one step of
+each variant on this rank, its meter's bytes (``gs_horovod.baselines.distributed_optimizer``).
 "payload" is what a rank hands to collectives (its own contribution); "wire" is what goes
 through the busiest rank (sent + received) under each collective's algorithm: ring allreduce
 and allgather (Horovod), recursive doubling (gTop-k, GsSketch merge="mpi"), star (Sketched-SGD).
+A smoke run: ``--d 100000`` with either mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 
-SKETCHED_ROWS, SKETCHED_WIDTH, P2 = 5, 4.0, 4  # Sketched-SGD's sketch and candidates (p2·k)
+from cost_model import exchange, gs_config, parse_variant, planned, takes_ratio, variant_label
 
+from gs_horovod.wire import total_wire_bytes
 
-def gs_payload(d: int, k: int) -> int:
-    """GsSketch's payload with its default options: sketch + exact round (+ nothing dense)."""
-    from gs_horovod.gs_sgd import GsConfig, Layout
-
-    config = GsConfig(k=k)
-    return sum(Layout.build(["w"], [d], config).payload_bytes(config))
+VARIANTS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
+MEASURED = tuple(v for v in VARIANTS if v != "gs:merge=mpi")  # merge=mpi needs Horovod's MPI controller
 
 
-def counted(d: int, k: int, shape: tuple[int, int], ranks: int) -> dict[str, tuple[float, float]]:
-    """{method: (payload bytes per rank, wire bytes through the busiest rank)}."""
-    from gs_horovod.baselines.methods import GTopK, PowerSGD, SketchedSGD, TopKAllgather, ring_allreduce
-
-    ratio = k / d
-    rounds = math.ceil(math.log2(ranks)) + (0 if ranks & (ranks - 1) == 0 else 2)
-    out = {
-        "dense": (4 * d, ring_allreduce(4 * d, ranks)),
-        "fp16": (2 * d, ring_allreduce(2 * d, ranks)),
-        "gs (Horovod merge)": (gs_payload(d, k), ring_allreduce(gs_payload(d, k), ranks)),
-        "gs (merge=mpi)": (gs_payload(d, k), 2 * rounds * gs_payload(d, k)),
-    }
-    for name, ex, sizes in (("topk allgather", TopKAllgather(ratio), [d]), ("gTop-k", GTopK(ratio), [d]),
-                            ("Sketched-SGD", SketchedSGD(ratio, SKETCHED_ROWS, SKETCHED_WIDTH, P2), [d]),
-                            ("PowerSGD r=4", PowerSGD(rank=4), [shape])):
-        pay = ex.bytes_per_step(sizes, ranks) if name != "gTop-k" or ranks & (ranks - 1) == 0 else float("nan")
-        wire = ex.wire_bytes(sizes, ranks) if name != "gTop-k" or ranks & (ranks - 1) == 0 else float("nan")
-        out[name] = (pay, wire)
+def counted(shape: tuple[int, int], ratio: float, ranks: int) -> dict[str, tuple[float, float]]:
+    """{variant: (payload bytes per rank, wire bytes through the busiest rank)} for one step."""
+    out = {}
+    for v in VARIANTS:
+        step = planned(*parse_variant(v), [shape], ranks, ratio)
+        out[v] = (sum(n for _, n in step), total_wire_bytes(step, ranks))
     return out
 
 
-def measure(d: int, k: int, shape: tuple[int, int]) -> dict[str, float]:
-    """One step of every method on this rank (under horovodrun); bytes its counters saw."""
+def measure(shape: tuple[int, int], ratio: float) -> dict[str, tuple[float, float]]:
+    """One step of every measured variant on this rank (under horovodrun): {variant: (payload,
+    wire)} bytes as its meter saw them."""
     import horovod.torch as hvd
     import torch
 
-    from gs_horovod.baselines import METHODS, ExchangeOptimizer
-    from gs_horovod.torch import GsSketch
+    from gs_horovod.baselines import distributed_optimizer
 
     hvd.init()
     torch.set_num_threads(1)
     results = {}
-    for label in ("gs", *METHODS):
+    for v in MEASURED:
+        method, options = parse_variant(v)
         param = torch.nn.Parameter(torch.zeros(shape))
-        opt = torch.optim.SGD([param], lr=0.0)
-        if label == "gs":
-            gs = GsSketch(k=k)
-            opt = hvd.DistributedOptimizer(opt, named_parameters=[("w", param)], compression=gs)
-        else:
-            kw = {"rank": 4} if label == "powersgd" else {}
-            ex = METHODS[label](ratio=k / d, **kw)
-            opt = ExchangeOptimizer(opt, [("w", param)], ex)
+        opt, meter = distributed_optimizer(method, torch.optim.SGD([param], lr=0.0), [("w", param)],
+                                           ratio if takes_ratio(method) else None, **options)
         g = torch.Generator().manual_seed(hvd.rank())
         (param * torch.randn(shape, generator=g)).sum().backward()
         opt.step()
-        results[label] = gs.stats.total_bytes if label == "gs" else ex.bytes_sent
+        results[v] = meter.per_step()
     return results
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--d", type=int, default=25_600_000)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--d", type=int, default=25_600_000,
+                   help="gradient elements (a 5000 × d/5000 matrix when it divides)")
     p.add_argument("--ratio", type=float, default=0.001)
-    p.add_argument("--measure", action="store_true", help="run one step of each method (under horovodrun)")
+    p.add_argument("--measure", action="store_true", help="run one step of each variant (under horovodrun)")
     p.add_argument("--table", action="store_true", help="print the counted table for P = 2 … 1024")
     p.add_argument("--plot", help="write a log-log plot of wire bytes vs P to this PNG")
     p.add_argument("--out")
     args = p.parse_args()
-    d, k = args.d, max(1, int(args.ratio * args.d))
+    if not (args.measure or args.table or args.plot or args.out):
+        p.error("give --measure (under horovodrun) or --table / --plot / --out")
+    d = args.d
     shape = (5000, d // 5000) if d % 5000 == 0 else (d, 1)
     if args.measure:
         import horovod.torch as hvd
 
-        measured = measure(d, k, shape)
+        measured = measure(shape, args.ratio)
         if hvd.rank() == 0:
-            expect = counted(d, k, shape, hvd.size())
-            names = {"gs": "gs (Horovod merge)", "topk": "topk allgather", "gtopk": "gTop-k",
-                     "sketched": "Sketched-SGD", "powersgd": "PowerSGD r=4"}
-            print(f"P = {hvd.size()}, d = {d:,}, k = {k:,}: payload bytes per rank, measured on rank 0 vs counted")
-            print("| method | measured (rank 0) | counted |\n|---|---|---|")
-            for label, b in measured.items():
-                print(f"| {names[label]} | {b:,.0f} | {expect[names[label]][0]:,.0f} |")
+            expect = counted(shape, args.ratio, hvd.size())
+            print(f"P = {hvd.size()}, d = {d:,} as {shape[0]} × {shape[1]}, ratio {args.ratio}: bytes per rank per "
+                  "step, measured on rank 0 (its meter) vs counted from the shape")
+            print("| variant | payload measured | payload counted | wire measured | wire counted |\n"
+                  "|---|---|---|---|---|")
+            for v, (pay, wire) in measured.items():
+                print(f"| {variant_label(*parse_variant(v))} | {pay:,.0f} | {expect[v][0]:,.0f} | {wire:,.0f} "
+                      f"| {expect[v][1]:,.0f} |")
             if args.out:
                 with open(args.out, "w") as f:
-                    json.dump({"ranks": hvd.size(), "d": d, "k": k, "measured_rank0": measured}, f, indent=1)
+                    json.dump({"ranks": hvd.size(), "d": d, "ratio": args.ratio, "measured_rank0": measured,
+                               "counted": {v: expect[v] for v in measured}}, f, indent=1)
         return
     sizes = [2 ** i for i in range(1, 11)]
-    table = {P: counted(d, k, shape, P) for P in sizes}
-    methods = list(table[2])
+    table = {P: counted(shape, args.ratio, P) for P in sizes}
     if args.table:
-        from gs_horovod.gs_sgd import GsConfig
-
-        cfg = GsConfig(k=k)
-        print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}); gs: GsSketch defaults (rows {cfg.rows}, cols {cfg.width}·k, "
-              f"{cfg.candidates}·k candidates, {cfg.sketch_dtype} sketch); Sketched-SGD: rows {SKETCHED_ROWS}, cols "
-              f"{SKETCHED_WIDTH}·k, {P2}·k candidates; PowerSGD rank 4; MB through the busiest rank per step "
+        config = gs_config({}, args.ratio)[0]
+        sk = exchange("sketched", {}, args.ratio)
+        k = config.k_for(d)
+        print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}); gs: GsSketch defaults (rows {config.rows}, cols "
+              f"{config.width}·k, {config.candidates}·k candidates, {config.sketch_dtype} sketch); Sketched-SGD: "
+              f"rows {sk.rows}, cols {sk.width}·k, {sk.p2}·k candidates; MB through the busiest rank per step "
               "(payload per rank in the first row)")
-        print("| P | " + " | ".join(methods) + " |")
-        print("|---|" + "---|" * len(methods))
-        print("| payload | " + " | ".join(f"{table[2][m][0] / 1e6:,.2f}" for m in methods) + " |")
+        print("| P | " + " | ".join(variant_label(*parse_variant(v)) for v in VARIANTS) + " |")
+        print("|---|" + "---|" * len(VARIANTS))
+        print("| payload | " + " | ".join(f"{table[2][v][0] / 1e6:,.3f}" for v in VARIANTS) + " |")
         for P in sizes:
-            print(f"| {P} | " + " | ".join(f"{table[P][m][1] / 1e6:,.2f}" for m in methods) + " |")
+            print(f"| {P} | " + " | ".join(f"{table[P][v][1] / 1e6:,.3f}" for v in VARIANTS) + " |")
     if args.plot:
         import matplotlib
 
@@ -126,8 +115,8 @@ def main() -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for m in methods:
-            ax.plot(sizes, [table[P][m][1] / 1e6 for P in sizes], marker="o", label=m)
+        for v in VARIANTS:
+            ax.plot(sizes, [table[P][v][1] / 1e6 for P in sizes], marker="o", label=variant_label(*parse_variant(v)))
         ax.set(xscale="log", yscale="log", xlabel="ranks P", ylabel="MB through the busiest rank per step",
                title=f"d = {d / 1e6:.1f}M, k = {args.ratio:.1%} of d")
         ax.set_xticks(sizes, [str(s) for s in sizes])

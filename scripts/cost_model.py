@@ -1,64 +1,149 @@
 """A cost model of one data-parallel training step per method: compute plus, for every
-communication round the method actually takes, α + bytes/β.
+communication round the method takes, α + bytes/β.
 
     time per step = compute (forward/backward + the method's compression work)
                     + Σ over the method's collectives of its rounds' (α + bytes / β)
 
-Collectives (P ranks; n = bytes a rank contributes):
-- ``allreduce``  ring: 2(P−1) rounds of n/P
-- ``tree``       recursive-doubling allreduce: ⌈log2 P⌉ rounds of n
-- ``allgather``  ring: P−1 rounds of n
-- ``pairwise``   one recursive-doubling exchange round of n (gTop-k issues 2·log2 P of them)
-- ``gather``     star, every rank to rank 0: α + (P−1)·n/β through rank 0's link
-- ``broadcast``  binomial tree: ⌈log2 P⌉ rounds of n
+The rounds of each collective (ring allreduce, tree, ring allgather, pairwise, star gather,
+binomial broadcast) are :func:`gs_horovod.wire.rounds`. A method variant is a word as
+``scripts/bench_throughput.sh`` takes it: ``METHOD[:NAME=VALUE,...]`` with the baseline's
+constructor options or GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``).
 
-Two uses:
+``--validate RESULTS.jsonl`` (the rows of ``scripts/bench_throughput.sh``):
 
-``--validate RESULTS.jsonl``: predicts the shaped runs of ``scripts/bench_throughput.sh``
-from what the same file holds: α and β from its ping-pong per rate; compute per (method,
-ranks) measured on this machine by the same run on unshaped links (its time per step less the
-model's communication time there); collectives as each run recorded them. Prints the measured
-steps/s per rank count (with gs-SGD's ratio to each method), then measured vs predicted
-steps/s and, as its LAST line, ``max_rel_error <x>``.
+1. Measured steps/s per rank count: per variant and link setting the median over the repeats
+   with min–max, and gs-SGD's steps/s ÷ each variant's at every shaped link.
+2. Calibration (in-sample): α and β per link setting from its ping-pong (median over
+   repeats); compute per (variant, P) = the unshaped ("local") runs' median time per step less
+   the model's communication time on the unshaped link.
+3. Prediction (out-of-sample): every shaped run, at bandwidths no compute calibration saw,
+   from its compute at the same P and its recorded collectives at that rate's α and β.
+4. Cross-P (out-of-sample, secondary): every run at a larger P from the smallest P's compute,
+   scaled by ranks per core (the harness pins rank i to core i mod cores).
 
-``--project``: steps/s for P = 8 … 1024 at 1, 10, 100 Gbit/s for a ResNet-50-sized (25.6M)
-and a BERT-large-sized (340M) model on GPU-class compute (ASSUMPTIONS, stated in
-``MODELS`` and ``--gpu-bandwidth``), with gs-SGD's global-scope wire format as parameters
-(``--rows``, ``--width``, ``--candidates``, ``--sketch-bytes``), a table of gs-SGD's
-speed-up over each peer and a plot (``--plot``).
+The LAST line is ``max_rel_error <x>``: the largest |predicted − measured| / measured steps/s
+of step 3 over the rows whose modelled communication is ≥ 20 % of the step (the line above it
+says how many rows that is; ``nan`` when none is).
+
+``--project``: steps/s for P = 8 … 1024 at 1, 10, 100 Gbit/s for ResNet-50 (25.6M) and
+BERT-large (335M), their parameter shapes written out below, on GPU-class compute
+(ASSUMPTIONS, stated in ``MODELS``, ``--alpha`` and ``--gpu-bandwidth``). Each variant's
+collectives come from the shapes alone: the baselines' ``Exchange.planned``, gs-SGD's
+``Layout.payload_bytes``. Prints gs-SGD's speed-up over each variant; ``--plot`` draws it.
+
+    python scripts/cost_model.py --validate docs/throughput_lm.jsonl
+    python scripts/cost_model.py --project --plot docs/projection.png --out docs/projection.json
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
 import json
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from gs_horovod.gs_sgd import GsConfig
+from gs_horovod.baselines import ALL_METHODS, METHODS, Exchange, PowerSGD
+from gs_horovod.gs_sgd import GsConfig, Layout
+from gs_horovod.wire import Collective, rounds
 
-Collectives = list[tuple[str, float]]
+Collectives = list[Collective]
+SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
+HEADLINE = ("gs", "gtopk", "gtopk:scope=layer", "topk", "sketched", "powersgd:rank=1", "powersgd:rank=4",
+            "none", "fp16")
+NAMES = {"none": "dense", "fp16": "fp16", "gs": "gs-SGD", "topk": "top-k allgather", "gtopk": "gTop-k",
+         "sketched": "Sketched-SGD", "powersgd": "PowerSGD"}
+SCOPED = ("topk", "gtopk", "sketched")  # baselines whose label always names the scope
 
 
-def rounds(kind: str, nbytes: float, ranks: int) -> list[float]:
-    """The bytes of each round a rank's link carries in turn for one collective."""
-    P = ranks
-    if P <= 1:
-        return []
-    if kind == "allreduce":
-        return [nbytes / P] * (2 * (P - 1))
-    if kind in ("tree", "broadcast"):
-        return [nbytes] * math.ceil(math.log2(P))
-    if kind == "allgather":
-        return [nbytes] * (P - 1)
-    if kind == "pairwise":
-        return [nbytes]
-    if kind == "gather":
-        return [(P - 1) * nbytes]
-    raise ValueError(f"unknown collective {kind!r}")
+# ---------------------------------------------------------------------------------------------
+# variants and their collectives
+
+
+def _literal(value: str) -> Any:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def parse_variant(word: str) -> tuple[str, dict[str, Any]]:
+    """``METHOD[:NAME=VALUE,...]`` → (method, options); VALUE a Python literal, else a string."""
+    method, _, rest = word.partition(":")
+    if method not in ALL_METHODS:
+        raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r} in {word!r}")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"a variant's options are NAME=VALUE, got {item!r} in {word!r}")
+        options[name] = _literal(value)
+    return method, options
+
+
+def variant_word(method: str, options: dict[str, Any]) -> str:
+    """The canonical word of (method, options), options sorted: inverse of :func:`parse_variant`."""
+    return method + (":" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) if options else "")
+
+
+def variant_label(method: str, options: dict[str, Any]) -> str:
+    """A table label: "gTop-k (global)", "gTop-k (per tensor)", "PowerSGD r1", "gs-SGD", ..."""
+    rest = dict(options)
+    label = NAMES[method]
+    if method == "powersgd":
+        label += f" r{rest.pop('rank', inspect.signature(PowerSGD).parameters['rank'].default)}"
+    scope = rest.pop("scope", "global")
+    if method in SCOPED or scope != "global":
+        label += " (per tensor)" if scope == "layer" else f" ({scope})"
+    return label + "".join(f", {k}={v}" for k, v in sorted(rest.items()))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def takes_ratio(method: str) -> bool:
+    """Whether the method selects k = ratio · D coordinates (gs-SGD, top-k, gTop-k,
+    Sketched-SGD); dense, fp16 and PowerSGD take no ratio."""
+    return method == "gs" or (method in METHODS and "ratio" in inspect.signature(METHODS[method]).parameters)
+
+
+def exchange(method: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
+    """The baseline's :class:`~gs_horovod.baselines.Exchange` with these options (``ratio``
+    None: its default)."""
+    return METHODS[method](**({} if ratio is None else {"ratio": ratio}), **options)
+
+
+def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
+    """(GsConfig, merge) of GsSketch with these options."""
+    rest = dict(options)
+    merge = rest.pop("merge", "horovod")
+    return GsConfig(**({} if ratio is None else {"ratio": ratio}), **rest), merge
+
+
+def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]], ranks: int,
+            ratio: Optional[float] = None) -> Collectives:
+    """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
+    sizes alone, as each method's own code counts them: Horovod's dense (f32) or fp16 allreduce;
+    gs-SGD's sketch and exact-round allreduces (``Layout.split(...).payload_bytes``; tree merge
+    under merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records
+    them; a baseline's ``Exchange.planned``. ``ratio`` applies to the methods that take one
+    (:func:`takes_ratio`; None: their default)."""
+    ratio = ratio if takes_ratio(method) else None
+    if method in ("none", "fp16"):
+        return [("allreduce", float(sum(map(_numel, shapes)) * (2 if method == "fp16" else 4)))]
+    if method != "gs":
+        return exchange(method, options, ratio).planned(shapes, ranks)
+    config, merge = gs_config(options, ratio)
+    layout = Layout.split([(f"t{i:06d}", _numel(s)) for i, s in enumerate(shapes)], config)
+    sketch, exact, dense = layout.payload_bytes(config)
+    kind = "tree" if merge == "mpi" else "allreduce"
+    return [(kind, float(sketch)), (kind, float(exact + dense))]
 
 
 def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float) -> float:
@@ -70,56 +155,156 @@ def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float
 # validation against the shaped runs
 
 
-def measured(runs: list[dict]) -> None:
-    """Prints the runs' steps/s, a table per rank count: a row per method, a column per link
-    setting (in the file's order), then gs-SGD's steps/s divided by the method's at each
-    shaped link (> 1: gs-SGD faster)."""
-    labels = list(dict.fromkeys(r["label"] for r in runs))
+@dataclass
+class Cell:
+    """The runs of one (variant, ranks, link) cell: steps/s by repeat."""
+
+    variant: str
+    label: str
+    ranks: int
+    by_repeat: dict[int, float]
+    payload: float
+    collectives: Collectives
+    cores: Optional[int]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.by_repeat.values())
+
+    def text(self) -> str:
+        values = self.by_repeat.values()
+        return f"{self.median:.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def load(path: Path) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, int, str], Cell], list[str]]:
+    """(links {label: (α, β) medians over the ping-pongs}, cells {(variant, ranks, label)}, labels
+    in file order) of a results file."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    pings: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    cells: dict[tuple[str, int, str], Cell] = {}
+    labels: list[str] = []
+    for r in rows:
+        if r.get("kind") == "pingpong":
+            pings[r["label"]].append((r["alpha_s"], r["beta_bytes_per_s"]))
+        elif r.get("kind") == "run":
+            if "variant" not in r:
+                raise SystemExit(f"{path}: a run without 'variant' (written by an older bench_throughput.py, "
+                                 "whose options it cannot tell); rerun scripts/bench_throughput.sh")
+            variant = r["variant"]
+            key = (variant, r["ranks"], r["label"])
+            if key not in cells:
+                cells[key] = Cell(variant, r["label"], r["ranks"], {}, r["bytes_per_step"],
+                                  [tuple(c) for c in r["collectives"]], r.get("cpu_count"))
+            cell = cells[key]
+            cell.by_repeat[r.get("repeat", len(cell.by_repeat))] = r["steps_per_s"]
+            labels += [r["label"]] if r["label"] not in labels else []
+    links = {label: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v))
+             for label, v in pings.items()}
+    return links, cells, labels
+
+
+def _label(variant: str) -> str:
+    return variant_label(*parse_variant(variant))
+
+
+def _ratio(gs: Cell, other: Cell) -> str:
+    """gs-SGD's median steps/s ÷ the other's, with min–max of the per-repeat ratios (runs of the
+    same repeat ran close in time) when at least two repeats pair up."""
+    text = f"{gs.median / other.median:.2f}"
+    paired = [gs.by_repeat[i] / other.by_repeat[i] for i in gs.by_repeat if i in other.by_repeat]
+    return text + (f" ({min(paired):.2f}–{max(paired):.2f})" if len(paired) > 1 else "")
+
+
+def measured(cells: dict[tuple[str, int, str], Cell], labels: list[str]) -> None:
+    """Per rank count: a row per variant (file order), a column per link setting (median
+    steps/s, min–max over repeats), then gs-SGD's ÷ the variant's at each shaped link."""
     shaped = [label for label in labels if label != "local"]
-    for P in sorted({r["ranks"] for r in runs}):
-        at = {(r["method"], r["label"]): r for r in runs if r["ranks"] == P}
-        print(f"{P} ranks, steps/s:\n\n| method | payload bytes/step/rank | " + " | ".join(labels)
+    variants = list(dict.fromkeys(v for v, _, _ in cells))
+    gs = next((v for v in variants if parse_variant(v)[0] == "gs"), None)
+    shaped = shaped if gs else []
+    for P in sorted({p for _, p, _ in cells}):
+        repeats = sorted({len(c.by_repeat) for c in cells.values() if c.ranks == P})
+        span = str(repeats[0]) if len(repeats) == 1 else f"{repeats[0]}–{repeats[-1]}"
+        print(f"{P} ranks: steps/s, median (min–max) over {span} repeat{'' if span == '1' else 's'} per cell"
+              + (f"; {_label(gs)} ÷ each, median (per-repeat min–max)" if gs else "") + "\n")
+        print("| variant | payload bytes/step/rank | " + " | ".join(labels)
               + "".join(f" | gs-SGD ÷ it, {label}" for label in shaped) + " |\n|---|---|"
               + "---|" * (len(labels) + len(shaped)))
-        for m in (m for m in METHOD_NAMES if any(k[0] == m for k in at)):
-            payload = next(r["bytes_per_step"] for k, r in at.items() if k[0] == m)
-            cells = [f"{at[m, label]['steps_per_s']:.3f}" if (m, label) in at else "" for label in labels]
-            cells += [f"{at['gs', label]['steps_per_s'] / at[m, label]['steps_per_s']:.2f}"
-                      if m != "gs" and ("gs", label) in at and (m, label) in at else "" for label in shaped]
-            print(f"| {METHOD_NAMES[m]} | {payload:,.0f} | " + " | ".join(cells) + " |")
+        for v in variants:
+            mine = {label: cells[v, P, label] for label in labels if (v, P, label) in cells}
+            if not mine:
+                continue
+            cols = [mine[label].text() if label in mine else "" for label in labels]
+            cols += [_ratio(cells[gs, P, label], mine[label]) if v != gs and label in mine and (gs, P, label) in cells
+                     else "" for label in shaped]
+            print(f"| {_label(v)} | {next(iter(mine.values())).payload:,.0f} | " + " | ".join(cols) + " |")
         print()
 
 
+def _predict_table(title: str, rows: list[tuple[Cell, float, float, float, float]]) -> tuple[float, int]:
+    """Prints (cell, α, β, compute, comm) predictions; returns (max relative error over the rows
+    with comm ≥ SHARE of the step, how many rows that is)."""
+    print(f"{title}\n\n| link | P | variant | α (µs) | β (MB/s) | compute (s) | comm (s) | comm share | "
+          "measured steps/s | predicted | rel. error |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    worst, counted = float("nan"), 0
+    for cell, alpha, beta, compute, comm in rows:
+        predicted = 1.0 / (compute + comm)
+        err = abs(predicted - cell.median) / cell.median
+        share = comm / (compute + comm)
+        if share >= SHARE:
+            counted += 1
+            worst = err if math.isnan(worst) else max(worst, err)
+        print(f"| {cell.label} | {cell.ranks} | {_label(cell.variant)} | {alpha * 1e6:.0f} | {beta / 1e6:.1f} | "
+              f"{compute:.4f} | {comm:.4f} | {share:.0%}{'' if share >= SHARE else ' (not counted)'} | "
+              f"{cell.text()} | {predicted:.3f} | {err:.3f} |")
+    print()
+    return worst, counted
+
+
 def validate(path: Path) -> float:
-    """Prints the measured steps/s (:func:`measured`), then predicts every shaped run in
-    ``path``; prints a table and returns the largest relative error of steps/s. Compute per
-    (method, ranks) = the unshaped ("local") run's time per step minus what the model gives for
-    its collectives on the unshaped link."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    links = {r["label"]: (r["alpha_s"], r["beta_bytes_per_s"]) for r in rows if r.get("kind") == "pingpong"}
-    runs = [r for r in rows if r.get("kind") == "run"]
-    measured(runs)
-    compute = {}
-    for r in runs:
-        if r["label"] == "local":
-            comm = comm_seconds([tuple(c) for c in r["collectives"]], r["ranks"], *links["local"])
-            compute[(r["method"], r["ranks"])] = max(0.0, 1.0 / r["steps_per_s"] - comm)
-    shaped = [r for r in runs if r["label"] != "local" and (r["method"], r["ranks"]) in compute]
+    """Prints the measured tables, the calibration and the predictions of a results file (see
+    the module docstring); returns max_rel_error of the out-of-sample shaped predictions over
+    the rows with modelled communication ≥ 20 % of the step (nan when there are none)."""
+    links, cells, labels = load(path)
+    measured(cells, labels)
+    if "local" not in links:
+        raise SystemExit(f"{path} has no unshaped ('local') ping-pong to calibrate compute with")
+    print("Links (ping-pong between ranks 0 and 1, median over repeats):\n\n"
+          "| link | α (µs) | β (MB/s) |\n|---|---|---|")
+    for label, (alpha, beta) in links.items():
+        print(f"| {label} | {alpha * 1e6:.1f} | {beta / 1e6:.1f} |")
+    compute: dict[tuple[str, int], float] = {}
+    print("\nCalibration (in-sample): compute = unshaped median s/step − modelled comm on the unshaped link\n\n"
+          "| P | variant | s/step | comm (s) | compute (s) |\n|---|---|---|---|---|")
+    for (v, P, label), cell in cells.items():
+        if label == "local":
+            comm = comm_seconds(cell.collectives, P, *links["local"])
+            compute[v, P] = max(0.0, 1.0 / cell.median - comm)
+            print(f"| {P} | {_label(v)} | {1.0 / cell.median:.4f} | {comm:.4f} | {compute[v, P]:.4f} |")
+    print()
+    shaped = [(c, *links[c.label], compute[c.variant, c.ranks]) for c in cells.values()
+              if c.label != "local" and c.label in links and (c.variant, c.ranks) in compute]
     if not shaped:
-        raise SystemExit(f"{path} has no shaped run with an unshaped one to calibrate it "
-                         "(scripts/bench_throughput.sh writes both)")
-    print("| rate | P | method | α (µs) | β (MB/s) | compute (s) | comm (s) | measured steps/s | predicted | "
-          "rel. error |\n|---|---|---|---|---|---|---|---|---|---|")
-    worst = 0.0
-    for r in shaped:
-        alpha, beta = links[r["label"]]
-        c = compute[(r["method"], r["ranks"])]
-        comm = comm_seconds([tuple(x) for x in r["collectives"]], r["ranks"], alpha, beta)
-        predicted = 1.0 / (c + comm)
-        err = abs(predicted - r["steps_per_s"]) / r["steps_per_s"]
-        worst = max(worst, err)
-        print(f"| {r['label']} | {r['ranks']} | {r['method']} | {alpha * 1e6:.0f} | {beta / 1e6:.1f} | {c:.3f} "
-              f"| {comm:.3f} | {r['steps_per_s']:.3f} | {predicted:.3f} | {err:.2f} |")
+        raise SystemExit(f"{path} has no shaped run with a ping-pong at its rate and an unshaped run of its "
+                         "variant and P (scripts/bench_throughput.sh writes all three)")
+    worst, counted = _predict_table(
+        "Prediction (out-of-sample): shaped runs from the compute calibrated at the same P, the rate's α and β",
+        [(c, a, b, k, comm_seconds(c.collectives, c.ranks, a, b)) for c, a, b, k in shaped])
+    cross = []
+    for c in cells.values():
+        base = min((p for v, p in compute if v == c.variant), default=c.ranks)
+        if c.ranks > base and c.label in links and c.cores:
+            scale = math.ceil(c.ranks / c.cores) / math.ceil(base / c.cores)
+            a, b = links[c.label]
+            cross.append((c, a, b, compute[c.variant, base] * scale, comm_seconds(c.collectives, c.ranks, a, b)))
+    if cross:
+        cross_worst, cross_counted = _predict_table(
+            "Cross-P (out-of-sample, secondary): every run at a larger P from the smallest P's compute "
+            "× ranks per core", cross)
+        print(f"cross-P max_rel_error {cross_worst:.3f} over {cross_counted} of {len(cross)} rows "
+              f"(comm ≥ {SHARE:.0%}); not part of the line below\n")
+    print(f"max_rel_error over {counted} of {len(shaped)} shaped predictions, those whose modelled communication "
+          f"is ≥ {SHARE:.0%} of the step (compute calibrated at the same P on unshaped links)")
     print(f"max_rel_error {worst:.3f}")
     return worst
 
@@ -131,92 +316,57 @@ def validate(path: Path) -> float:
 @dataclass
 class Model:
     """A model for the projection. ``compute_s``: forward + backward per step per GPU, an
-    ASSUMPTION (see ``source``); ``layers``: (rows, cols) of its weight matrices, for PowerSGD."""
+    ASSUMPTION (see ``source``); ``shapes``: its parameters' shapes."""
 
     name: str
-    params: int
     compute_s: float
     source: str
-    layers: list[tuple[int, int]]
+    shapes: list[tuple[int, ...]]
+
+    @property
+    def params(self) -> int:
+        return sum(map(_numel, self.shapes))
 
 
-def _resnet50_layers() -> list[tuple[int, int]]:
-    """ResNet-50's conv weights as (out channels, in channels·kh·kw) matrices plus the fc layer:
-    the 25.5M of its 25.6M parameters that PowerSGD compresses."""
-    layers = [(64, 3 * 49)]
+def _resnet50_shapes() -> list[tuple[int, ...]]:
+    """torchvision's ResNet-50 parameters (25,557,032): convolutions (out, in, kh, kw), batch-norm
+    weight and bias per conv, the fc layer."""
+    def conv_bn(out: int, inp: int, k: int) -> list[tuple[int, ...]]:
+        return [(out, inp, k, k), (out,), (out,)]
+
+    shapes = conv_bn(64, 3, 7)
     inp = 64
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for b in range(blocks):
-            layers += [(width, inp), (width, width * 9), (4 * width, width)]
+            shapes += conv_bn(width, inp, 1) + conv_bn(width, width, 3) + conv_bn(4 * width, width, 1)
             if b == 0:
-                layers.append((4 * width, inp))
+                shapes += conv_bn(4 * width, inp, 1)
             inp = 4 * width
-    return layers + [(1000, 2048)]
+    return shapes + [(1000, 2048), (1000,)]
 
 
-def _bert_large_layers() -> list[tuple[int, int]]:
-    """BERT-large's matrices: 24 layers of Q, K, V, O (1024×1024) and the FFN (4096×1024, 1024×4096),
-    the word-embedding table (30522×1024) and the pooler."""
-    return [(1024, 1024)] * 4 * 24 + [(4096, 1024), (1024, 4096)] * 24 + [(30522, 1024), (1024, 1024)]
+def _bert_large_shapes() -> list[tuple[int, ...]]:
+    """BERT-large's (uncased, with pooler) parameters (335,141,888): embeddings and their
+    LayerNorm; 24 layers of Q, K, V, O (1024×1024 and biases), two LayerNorms, the FFN
+    (4096×1024, 1024×4096 and biases); the pooler."""
+    h, f = 1024, 4096
+    layer = [(h, h), (h,)] * 4 + [(h,)] * 2 + [(f, h), (f,), (h, f), (h,)] + [(h,)] * 2
+    return [(30522, h), (512, h), (2, h), (h,), (h,)] + layer * 24 + [(h, h), (h,)]
 
 
 MODELS = {
-    "resnet50": Model("ResNet-50 (25.6M)", 25_600_000, 0.100,
+    "resnet50": Model("ResNet-50 (25.6M)", 0.100,
                       "ASSUMED 0.10 s/step: batch 256 per GPU at ~2,500 images/s, roughly the per-A100 "
                       "mixed-precision training throughput NVIDIA publishes for ResNet-50 v1.5 "
-                      "(DeepLearningExamples); not measured here", _resnet50_layers()),
-    "bert-large": Model("BERT-large (340M)", 340_000_000, 0.330,
-                        "ASSUMED 0.33 s/step: batch 32 × 512 tokens = 6 · 340M · 16,384 ≈ 33 TFLOP per "
+                      "(DeepLearningExamples); not measured here", _resnet50_shapes()),
+    "bert-large": Model("BERT-large (335M)", 0.330,
+                        "ASSUMED 0.33 s/step: batch 32 × 512 tokens = 6 · 335M · 16,384 ≈ 33 TFLOP per "
                         "step at an assumed 100 TFLOP/s sustained (about a third of an A100's fp16 peak); "
-                        "not measured here", _bert_large_layers()),
+                        "not measured here", _bert_large_shapes()),
 }
-METHOD_NAMES = {"none": "dense", "fp16": "fp16", "gs": "gs-SGD", "topk": "top-k allgather", "gtopk": "gTop-k",
-                "sketched": "Sketched-SGD", "powersgd": "PowerSGD"}
 
 
-@dataclass
-class Wire:
-    """Compression parameters of the projection (gs-SGD's wire format and the peers' k)."""
-
-    ratio: float = 0.001
-    rows: int = 3
-    width: float = 2.0
-    candidates: int = 2
-    sketch_bytes: int = 2
-    sketched_p2: int = 4
-    sketched_rows: int = 5
-    sketched_width: float = 4.0
-    powersgd_rank: int = 4
-
-
-def projected_collectives(method: str, model: Model, ranks: int, w: Wire) -> Collectives:
-    """The collectives of one step for the whole model (gs-SGD in global scope: one k for the
-    whole model, its sketch merged by ONE ring allreduce and its candidates' values by one more)."""
-    D = model.params
-    k = math.ceil(w.ratio * D)
-    if method == "none":
-        return [("allreduce", 4 * D)]
-    if method == "fp16":
-        return [("allreduce", 2 * D)]
-    if method == "gs":
-        cols = math.ceil(w.width * k)
-        return [("allreduce", w.rows * cols * w.sketch_bytes), ("allreduce", w.candidates * k * 4)]
-    if method == "topk":
-        return [("allgather", 4 * k), ("allgather", 4 * k)]
-    if method == "gtopk":
-        return [("pairwise", 4 * k)] * (2 * math.ceil(math.log2(ranks)))
-    if method == "sketched":
-        cands = w.sketched_p2 * k
-        sketch = 4 * w.sketched_rows * math.ceil(w.sketched_width * k)
-        return [("gather", sketch), ("broadcast", 8 * cands), ("allreduce", 4 * cands)]
-    if method == "powersgd":
-        r = w.powersgd_rank
-        low = [(n, m) for n, m in model.layers if min(n, m) > r]
-        return [("allreduce", 4 * r * sum(n for n, _ in low)), ("allreduce", 4 * r * sum(m for _, m in low))]
-    raise ValueError(f"unknown method {method!r}")
-
-
-def kernel_passes(method: str, w: Wire) -> float:
+def kernel_passes(method: str, options: dict[str, Any]) -> float:
     """ASSUMED memory passes over the D-element f32 gradient for a method's compression work on
     a GPU (streaming passes; scattered atomic adds counted as 4 passes each, gathers as 2):
     error feedback 3 (read g, read e, write a), residual update 2, top-k selection 4."""
@@ -225,37 +375,38 @@ def kernel_passes(method: str, w: Wire) -> float:
     if method == "fp16":
         return 2.0
     if method in ("gs", "sketched"):  # Sketched-SGD's root does the same query
-        rows = w.rows if method == "gs" else w.sketched_rows
+        rows = gs_config(options, None)[0].rows if method == "gs" else exchange(method, options, None).rows
         return 3 + 4 * rows + 2 * rows + 4 + 2
     if method in ("topk", "gtopk"):
         return 3 + 4 + 2
-    if method == "powersgd":
-        return 3 + 2 + 1 + 2  # M·Q and Mᵀ·P read M once each; P·Qᵀ written once
-    raise ValueError(f"unknown method {method!r}")
+    return 3 + 2 + 1 + 2  # PowerSGD: M·Q and Mᵀ·P read M once each; P·Qᵀ written once
 
 
-def project(models: list[Model], rates_gbit: list[float], ranks: list[int], methods: list[str], w: Wire,
+def project(models: list[Model], rates_gbit: list[float], ranks: list[int], variants: list[str], ratio: float,
             alpha: float, gpu_bandwidth: float, kernel_json: Optional[dict]) -> dict:
-    """{model: {rate: {method: [steps/s for each P]}}}."""
+    """{model: {rate: {variant: [steps/s for each P]}}}."""
     out: dict = {}
+    measured_kernels = (kernel_json or {}).get("seconds_per_element", {})
     for model in models:
         for rate in rates_gbit:
             beta = rate * 1e9 / 8
-            for method in methods:
-                if kernel_json and method in kernel_json.get("seconds_per_element", {}):
-                    kernel = kernel_json["seconds_per_element"][method] * model.params
+            for v in variants:
+                method, options = parse_variant(v)
+                per_element = measured_kernels.get(v, measured_kernels.get(method))
+                if per_element is not None:
+                    kernel = per_element * model.params
                 else:
-                    kernel = kernel_passes(method, w) * 4 * model.params / gpu_bandwidth
+                    kernel = kernel_passes(method, options) * 4 * model.params / gpu_bandwidth
                 series = []
                 for P in ranks:
-                    comm = comm_seconds(projected_collectives(method, model, P, w), P, alpha, beta)
+                    comm = comm_seconds(planned(method, options, model.shapes, P, ratio), P, alpha, beta)
                     series.append(1.0 / (model.compute_s + kernel + comm))
-                out.setdefault(model.name, {}).setdefault(rate, {})[method] = series
+                out.setdefault(model.name, {}).setdefault(rate, {})[v] = series
     return out
 
 
-def plot(table: dict, ranks: list[int], path: Path) -> None:
-    """One panel per (model, rate): gs-SGD's speed-up over each peer against P; above 1, gs-SGD wins."""
+def plot(table: dict, ranks: list[int], gs: str, path: Path) -> None:
+    """One panel per (model, rate): gs-SGD's speed-up over each variant against P; above 1, gs-SGD wins."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,82 +418,85 @@ def plot(table: dict, ranks: list[int], path: Path) -> None:
     for i, model in enumerate(models):
         for j, rate in enumerate(rates):
             ax = axes[i][j]
-            gs = table[model][rate]["gs"]
-            for method, series in table[model][rate].items():
-                if method != "gs":
-                    ax.plot(ranks, [g / s for g, s in zip(gs, series)], marker=".", label=f"vs {METHOD_NAMES[method]}")
+            mine = table[model][rate][gs]
+            for v, series in table[model][rate].items():
+                if v != gs:
+                    ax.plot(ranks, [g / s for g, s in zip(mine, series)], marker=".", label=f"vs {_label(v)}")
             ax.axhline(1.0, color="k", lw=0.8)
             ax.set(xscale="log", yscale="log", title=f"{model}, {rate:g} Gbit/s", xlabel="ranks P",
                    ylabel="gs-SGD steps/s ÷ peer's")
             ax.set_xticks(ranks, [str(p) for p in ranks], fontsize=7)
             ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=6)
     fig.suptitle("Projected: above 1, gs-SGD is faster (GPU compute and kernel times ASSUMED; see docs)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def print_projection(args: argparse.Namespace) -> None:
+    """--project: the table, the wins, and the plot / JSON when asked."""
+    variants = args.variants.split()
+    gs = next((v for v in variants if parse_variant(v)[0] == "gs"), None)
+    if gs is None:
+        raise SystemExit("--variants needs a gs variant to compare the others with")
+    ranks = [2 ** i for i in range(3, 11)]
+    kernel = json.loads(args.kernel_json.read_text()) if args.kernel_json else None
+    table = project(list(MODELS.values()), [1.0, 10.0, 100.0], ranks, variants, args.ratio, args.alpha,
+                    args.gpu_bandwidth, kernel)
+    for model in MODELS.values():
+        print(f"\n{model.name}, {model.params:,} parameters: compute {model.source}")
+    config = gs_config(parse_variant(gs)[1], args.ratio)[0]
+    print(f"\nk = {args.ratio} · D for every method that selects k (PowerSGD: its rank sets the size); "
+          f"{_label(gs)}: {config.rows} rows × {config.width}·k columns, {config.sketch_dtype} sketch, "
+          f"{config.candidates}·k candidates; baselines at their defaults unless the variant says otherwise; "
+          f"α = {args.alpha * 1e6:g} µs per round (ASSUMED); compression kernels at "
+          f"{args.gpu_bandwidth / 1e9:g} GB/s (ASSUMED)")
+    others = [v for v in variants if v != gs]
+    print(f"\n{_label(gs)} steps/s ÷ each variant's (> 1: gs-SGD faster)\n")
+    print("| model | Gbit/s | P | gs steps/s | " + " | ".join(f"÷ {_label(v)}" for v in others)
+          + " |\n|---|---|---|---|" + "---|" * len(others))
+    for model, by_rate in table.items():
+        for rate, by_variant in by_rate.items():
+            for i, P in enumerate(ranks):
+                if P in (8, 64, 1024):
+                    mine = by_variant[gs][i]
+                    print(f"| {model} | {rate:g} | {P} | {mine:.2f} | "
+                          + " | ".join(f"{mine / by_variant[v][i]:.2f}" for v in others) + " |")
+    print("\ngs-SGD faster at every P = 8 … 1024:")
+    for model, by_rate in table.items():
+        for rate, by_variant in by_rate.items():
+            wins = [_label(v) for v in others if all(g > s for g, s in zip(by_variant[gs], by_variant[v]))]
+            print(f"- {model} at {rate:g} Gbit/s: {', '.join(wins) or 'none'}")
+    if args.plot:
+        plot(table, ranks, gs, args.plot)
+    if args.out:
+        args.out.write_text(json.dumps({"ranks": ranks, "ratio": args.ratio, "table": {
+            m: {str(r): v for r, v in t.items()} for m, t in table.items()}}, indent=1))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--validate", type=Path, metavar="RESULTS_JSONL", help="predict bench_throughput.sh's runs")
     p.add_argument("--project", action="store_true", help="project steps/s to P = 8 … 1024")
-    p.add_argument("--ratio", type=float, default=0.001, help="k / D for the whole model (every method)")
-    shipped = GsConfig()  # GsSketch's defaults
-    p.add_argument("--rows", type=int, default=shipped.rows, help="gs sketch rows")
-    p.add_argument("--width", type=float, default=shipped.width, help="gs sketch columns / k")
-    p.add_argument("--candidates", type=int, default=shipped.candidates, help="gs candidate values per k")
-    p.add_argument("--sketch-bytes", type=int, choices=(2, 4), default=2 if shipped.sketch_dtype == "float16" else 4,
-                   help="2: float16 sketch, 4: float32")
+    p.add_argument("--variants", default=" ".join(HEADLINE),
+                   help="projection: variant words, METHOD[:NAME=VALUE,...], one of them gs (default: %(default)s)")
+    p.add_argument("--ratio", type=float, default=0.001,
+                   help="projection: k / D for the whole model (gs, top-k, gTop-k, Sketched-SGD)")
     p.add_argument("--alpha", type=float, default=5e-6, help="projection: per-round latency in s (ASSUMED)")
     p.add_argument("--gpu-bandwidth", type=float, default=1.0e12,
                    help="projection: effective GPU memory bandwidth in bytes/s for compression kernels (ASSUMED)")
     p.add_argument("--kernel-json", type=Path,
-                   help='projection: measured kernel times, {"seconds_per_element": {method: s}} (overrides passes)')
+                   help='projection: measured kernel times, {"seconds_per_element": {method or variant: s}} '
+                        "(overrides the passes)")
     p.add_argument("--plot", type=Path, help="projection: write the speed-up plot here")
     p.add_argument("--out", type=Path, help="projection: write the steps/s table as JSON here")
     args = p.parse_args()
-    if args.project:
-        w = Wire(args.ratio, args.rows, args.width, args.candidates, args.sketch_bytes)
-        ranks = [2 ** i for i in range(3, 11)]
-        methods = list(METHOD_NAMES)
-        kernel = json.loads(args.kernel_json.read_text()) if args.kernel_json else None
-        table = project(list(MODELS.values()), [1.0, 10.0, 100.0], ranks, methods, w, args.alpha,
-                        args.gpu_bandwidth, kernel)
-        for model in MODELS.values():
-            print(f"\n{model.name}: compute {model.source}")
-        print(f"\nk = {args.ratio} · D; gs: {args.rows} rows × {args.width}·k columns, "
-              f"{args.sketch_bytes}-byte sketch, {args.candidates}·k candidates; "
-              f"α = {args.alpha * 1e6:g} µs per round (ASSUMED); "
-              f"compression kernels at {args.gpu_bandwidth / 1e9:g} GB/s (ASSUMED)")
-        print("\ngs-SGD steps/s ÷ each peer's (> 1: gs-SGD faster)\n")
-        print("| model | Gbit/s | P | gs steps/s | " + " | ".join(f"÷ {METHOD_NAMES[m]}" for m in methods if m != "gs")
-              + " |\n|---|---|---|---|" + "---|" * (len(methods) - 1))
-        for model, by_rate in table.items():
-            for rate, by_method in by_rate.items():
-                for i, P in enumerate(ranks):
-                    if P not in (8, 64, 1024):
-                        continue
-                    gs = by_method["gs"][i]
-                    print(f"| {model} | {rate:g} | {P} | {gs:.2f} | "
-                          + " | ".join(f"{gs / by_method[m][i]:.2f}" for m in methods if m != "gs") + " |")
-        wins: dict = defaultdict(list)
-        for model, by_rate in table.items():
-            for rate, by_method in by_rate.items():
-                for m in methods:
-                    if m != "gs" and all(g > s for g, s in zip(by_method["gs"], by_method[m])):
-                        wins[(model, rate)].append(METHOD_NAMES[m])
-        print("\ngs-SGD faster at every P = 8 … 1024:")
-        for (model, rate), peers in wins.items():
-            print(f"- {model} at {rate:g} Gbit/s: {', '.join(peers)}")
-        if args.plot:
-            plot(table, ranks, args.plot)
-        if args.out:
-            args.out.write_text(json.dumps({"ranks": ranks, "table": {m: {str(r): v for r, v in t.items()}
-                                                                      for m, t in table.items()}}, indent=1))
-    if args.validate:
-        validate(args.validate)
     if not (args.project or args.validate):
         p.error("give --validate RESULTS_JSONL and/or --project")
+    if args.project:
+        print_projection(args)
+    if args.validate:
+        validate(args.validate)
 
 
 if __name__ == "__main__":
