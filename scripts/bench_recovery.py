@@ -7,7 +7,7 @@ simulated in one process over a stretch of real training steps.
 
 The study, its commands and the choice of the shipped sizes are in docs/design.md ("Recovery").
 
-Tasks: (a) the digits MLP of scripts/train_torch.py (``make_model(256)``, 50k compressed
+Tasks: (a) the digits MLP of scripts/train_torch.py (``--model mlp --hidden 256``, 50k compressed
 weights), (b) the same MLP at hidden 1536 (1.28M compressed weights), both on scikit-learn's
 digits, each worker's gradient from its own micro-batch of ``--batch`` images; (c) planted
 heavy-tailed vectors (no training). Every method trains its own copy of the model from the same
@@ -364,25 +364,26 @@ class Task:
 
 
 class DigitsTask(Task):
-    """``make_model(hidden)`` of scripts/train_torch.py on sklearn digits; P workers × ``batch``
-    images per step, drawn from a per-step permutation seeded by the step (the same for every
-    method)."""
+    """The MLP scripts/train_torch.py builds for ``--model mlp --hidden HIDDEN`` (its own
+    ``parse_args`` and ``make_model``), on sklearn digits; P workers × ``batch`` images per step,
+    drawn from a per-step permutation seeded by the step (the same for every method)."""
 
     def __init__(self, name: str, hidden: int, ranks: int, batch: int) -> None:
         sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
         from demo_common import digits_shard
-        from train_torch import make_model
+        from train_torch import make_model, parse_args
 
         self.name, self.hidden, self.ranks, self.batch = name, hidden, ranks, batch
         x, y, _, _ = digits_shard(0, 1)
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
         self.make_model = make_model
+        self.model_args = parse_args(["--model", "mlp", "--hidden", str(hidden)])
         self.new_model()
         self.sizes = [p.numel() for n, p in self.model.named_parameters() if n in self.comp]
 
     def new_model(self) -> None:
         torch.manual_seed(SEED)
-        self.model = self.make_model(self.hidden)
+        self.model = self.make_model(self.model_args)
         self.params = dict(self.model.named_parameters())
         self.comp = [n for n, p in self.params.items() if p.numel() >= MIN_SIZE]
         self.small = [n for n in self.params if n not in self.comp]
