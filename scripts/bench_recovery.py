@@ -687,7 +687,7 @@ def main() -> None:
     p.add_argument("--run", choices=["a", "b", "c"], help="task: (a) digits MLP, (b) 1.28M MLP, (c) planted")
     p.add_argument("--ranks", default="4,16,64,256", help="comma-separated P")
     p.add_argument("--ratios", default="0.01,0.001")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per worker per step")
     p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "none"], default="full")
     p.add_argument("--threads", type=int, default=2, help="torch threads (2 at most here)")
@@ -699,12 +699,13 @@ def main() -> None:
     p.add_argument("--loss-plot", help="with --report: PNG of the loss curves of every record read")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    steps = args.steps if args.steps is not None else 20 if args.quick else 40
     if args.report:
         report(args.report, args.plot, args.loss_plot)
         return
     if args.quick:
         t0 = time.perf_counter()
-        records = run(DigitsTask("digits MLP", 256, 16, args.batch), 0.01, 20, "quick", args.out)
+        records = run(DigitsTask("digits MLP", 256, 16, args.batch), 0.01, steps, "quick", args.out)
         mass, wire = compare(records, 16, shipped_settings())
         print(f"({time.perf_counter() - t0:.0f} s)")
         print(f"gs_vs_gtopk P=16 delivered_mass_ratio {mass:.3f} bytes_ratio {wire:.3f}")
@@ -718,7 +719,7 @@ def main() -> None:
                 task = DigitsTask("digits MLP 1.28M", 1536, ranks, args.batch)
             else:
                 task = PlantedTask(ranks, args.planted_d, ratio)
-            run(task, ratio, args.steps, level, args.out, args.baselines, training=args.run != "c")
+            run(task, ratio, steps, level, args.out, args.baselines, training=args.run != "c")
             _HASHES.clear()
 
 
