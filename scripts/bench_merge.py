@@ -7,6 +7,7 @@ doubling, and node-aware), Horovod's allreduce, and MPI.Allreduce. Run under MPI
 Rank 0 prints a Markdown table (median of ``--reps`` timed calls after 3 warm-up calls) and
 writes the raw numbers to ``--out``. Bytes are what one rank sends per call: counted by
 MergeStats for the tree; for Horovod and MPI their own algorithms decide (not observable).
+``--quick`` times only the two smallest buffers, 3 calls each: a smoke run of seconds.
 """
 
 from __future__ import annotations
@@ -61,12 +62,16 @@ def measure(nbytes: int, comm: MPI.Comm, flat: Communicators, node: Communicator
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="the two smallest buffers, 3 timed calls each")
     p.add_argument("--out")
     args = p.parse_args()
+    sizes = SIZES[:2] if args.quick else SIZES
+    if args.quick:
+        args.reps = 3
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     flat, node = Communicators(comm, node_aware=False), Communicators(comm)
-    rows = [measure(nbytes, comm, flat, node, args.reps) for nbytes in SIZES]
+    rows = [measure(nbytes, comm, flat, node, args.reps) for nbytes in sizes]
     if hvd.rank() == 0:
         print(f"P = {hvd.size()} ranks on {platform.node()} ({MPI.Get_library_version().splitlines()[0]}), "
               f"median of {args.reps} calls, ms")
