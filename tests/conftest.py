@@ -19,18 +19,37 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
-def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str, timeout: float = 240) -> list[dict]:
-    """Runs ``tests/workers/<script>`` on ``np_`` ranks of localhost with ``--gloo`` or
-    ``--mpi`` and returns each rank's JSON result (``<out_dir>/rank<r>.json``)."""
+def horovodrun_command(np_: int, controller: str) -> list[str]:
+    """``horovodrun`` (this venv's) on ``np_`` ranks of localhost with ``--gloo`` or ``--mpi``
+    (oversubscribed, unbound); the program and its arguments go after it."""
     launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     assert launcher, "horovodrun is not installed (run scripts/setup_env.sh)"
     cmd = [launcher, "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe --bind-to none"]
-    cmd += [sys.executable, str(WORKERS / script), str(out_dir), *args]
+    return cmd
+
+
+def mpirun_command(np_: int) -> list[str]:
+    """OpenMPI's ``mpirun`` on ``np_`` local ranks (oversubscribed, unbound, root allowed)."""
+    mpirun = shutil.which("mpirun")
+    assert mpirun, "OpenMPI's mpirun is not installed (run scripts/setup_env.sh)"
+    return [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np_)]
+
+
+def rank_env() -> dict[str, str]:
+    """The environment for processes on ranks: unbuffered output, one OpenMP thread, and the
+    real Numba CUDA target (not the simulator this process uses)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("NUMBA_ENABLE_CUDASIM", None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return env
+
+
+def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str, timeout: float = 240) -> list[dict]:
+    """Runs ``tests/workers/<script>`` on ``np_`` ranks of localhost with ``--gloo`` or
+    ``--mpi`` and returns each rank's JSON result (``<out_dir>/rank<r>.json``)."""
+    cmd = [*horovodrun_command(np_, controller), sys.executable, str(WORKERS / script), str(out_dir), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
     output = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}"
     return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np_)]

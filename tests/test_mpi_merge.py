@@ -5,20 +5,16 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, WORKERS
+from conftest import ROOT, WORKERS, mpirun_command
 
 
 def mpirun(np_: int, out_dir: Path) -> list[dict]:
-    mpirun = shutil.which("mpirun")
-    assert mpirun, "OpenMPI's mpirun is not installed (run scripts/setup_env.sh)"
-    cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np_),
-           sys.executable, str(WORKERS / "mpi_merge.py"), str(out_dir)]
+    cmd = [*mpirun_command(np_), sys.executable, str(WORKERS / "mpi_merge.py"), str(out_dir)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, OMPI_MCA_mpi_yield_when_idle="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
