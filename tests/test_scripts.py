@@ -1,0 +1,177 @@
+"""Smoke tests of the benchmark and tool scripts: each documented command, in its cheapest mode,
+run as a user runs it (``python scripts/<name>.py ...`` from the repository root, under
+horovodrun or mpirun where it needs ranks) must exit 0 and produce what it promises, so that a
+documented command cannot break unnoticed.
+
+Adding a script is one test function: :func:`run_script` runs it and returns its stdout, and the
+test checks that output or the files the script wrote. Not here: bench_wire.py, bench_throughput.py
+and cost_model.py (tests/test_bench_tools.py runs them); bench_convergence.py and bench_compute.py,
+which get one function each that way; bench_throughput.sh (root and network namespaces);
+train_tf.py, whose TensorFlow start-up on two ranks does not fit this file's budget
+(tests/workers/tf_scenarios.py runs the same DistributedGradientTape with GsSketch). The whole
+file is meant to stay around 90 s on two idle cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from conftest import ROOT, horovodrun_command, mpirun_command, rank_env
+
+SCRIPTS = ROOT / "scripts"
+
+
+def run_script(script: str, *args: str, launcher: Sequence[str] = (), stdin: Optional[str] = None,
+               timeout: float = 300) -> str:
+    """Runs ``python scripts/<script> *args`` with this venv's python from the repository root,
+    after ``launcher`` if given (:func:`conftest.horovodrun_command`, :func:`conftest.mpirun_command`),
+    and returns its stdout as written (carriage returns kept); fails with the tail of both streams
+    unless it exits 0. The repository root leads PYTHONPATH, so the scripts import this checkout's
+    gs_horovod wherever the venv's editable install points; they find each other through their own
+    folder (``sys.path[0]``)."""
+    cmd = [*launcher, sys.executable, str(SCRIPTS / script), *args]
+    env = rank_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, input=None if stdin is None else stdin.encode(),
+                          capture_output=True, timeout=timeout)
+    stdout, stderr = (stream.decode(errors="replace") for stream in (proc.stdout, proc.stderr))
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{stdout[-4000:]}\n{stderr[-4000:]}"
+    return stdout
+
+
+RANK0_PREFIX = re.compile(r"^\[(?:\d+,)?0\]<stdout>:")  # horovodrun --gloo: [0]; --mpi (mpirun --tag-output): [1,0]
+
+
+def rank0_lines(stdout: str) -> list[str]:
+    """Rank 0's stdout lines of a horovodrun job, without the rank prefix horovodrun adds."""
+    return [RANK0_PREFIX.sub("", line) for line in stdout.splitlines() if RANK0_PREFIX.match(line)]
+
+
+def test_console_filters_horovodrun_output() -> None:
+    """``horovodrun ... 2>&1 | python scripts/console.py``: TensorFlow's start-up notices go, rank 0
+    loses its prefix, other ranks keep theirs, a progress-bar redraw passes on as it ends."""
+    noise = ("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+             "[1]<stderr>:I0000 00:00:1796303339.636060   21127 cudart_stub.cc:31] Could not find cuda drivers\n")
+    shown = ("[0]<stdout>:epoch   1/1  loss 0.5\n[0]<stderr>:training: 50%\r"
+             "[1]<stderr>:Traceback (most recent call last):\n[0]<stdout>:no newline at the end")
+    out = run_script("console.py", stdin=noise + shown)
+    assert out == ("epoch   1/1  loss 0.5\ntraining: 50%\r[1]<stderr>:Traceback (most recent call last):\n"
+                   "no newline at the end")
+
+
+def test_bench_merge_quick(tmp_path: Path) -> None:
+    """``horovodrun -np 2 --mpi ... bench_merge.py --quick --out``: the four merges timed on the two
+    smallest buffers; on 2 ranks the flat tree is one exchange of the whole buffer."""
+    out = tmp_path / "merge.json"
+    stdout = run_script("bench_merge.py", "--quick", "--out", str(out), launcher=horovodrun_command(2, "mpi"))
+    result = json.loads(out.read_text())
+    assert (result["ranks"], result["reps"]) == (2, 3)
+    assert [r["bytes"] for r in result["rows"]] == [10_000, 100_000]
+    for row in result["rows"]:
+        assert all(row[key] > 0 for key in ("tree_flat_ms", "tree_node_aware_ms", "horovod_ms", "mpi_allreduce_ms"))
+        assert row["tree_flat_rounds_rank0"] == 1
+        assert row["tree_flat_bytes_sent_rank0"] == row["bytes"]
+    assert sum(line.startswith("| 10,000 |") or line.startswith("| 100,000 |") for line in rank0_lines(stdout)) == 2
+
+
+def test_pingpong(tmp_path: Path) -> None:
+    """``mpirun -np 2 ... pingpong.py --label L --out F``: α and β fitted, one JSON line appended."""
+    out = tmp_path / "pingpong.jsonl"
+    stdout = run_script("pingpong.py", "--label", "smoke", "--repeats", "1", "--out", str(out),
+                        launcher=mpirun_command(2))
+    row = json.loads(out.read_text())
+    assert json.loads(stdout.strip().splitlines()[-1]) == row
+    assert row["kind"] == "pingpong" and row["label"] == "smoke"
+    assert len(row["one_way_s"]) == len(row["sizes"]) and all(t > 0 for t in row["one_way_s"])
+    assert row["alpha_s"] > 0 and math.isfinite(row["beta_bytes_per_s"])
+
+
+def test_soak(tmp_path: Path) -> None:
+    """``horovodrun -np 2 ... soak.py --steps N --out F``: RSS sampled on both ranks, GsSketch's
+    per-tensor states stay the number of compressed parameters."""
+    out = tmp_path / "soak.json"
+    stdout = run_script("soak.py", "--steps", "20", "--every", "10", "--settle", "10", "--out", str(out),
+                        launcher=horovodrun_command(2, "gloo"))
+    result = json.loads(out.read_text())
+    assert result["steps"] == 20 and [s["step"] for s in result["samples"]] == [10, 20]
+    assert all(len(s["rss_mib"]) == 2 and min(s["rss_mib"]) > 0 for s in result["samples"])
+    assert len({s["states"] for s in result["samples"]}) == 1 and result["samples"][0]["states"] > 0
+    assert len(result["growth"]) == 2
+    assert rank0_lines(stdout)[-1].startswith("growth after step 10: rank 0 ")
+
+
+def test_bench_sketch_quick(tmp_path: Path) -> None:
+    """``bench_sketch.py --log2-size N --ratio R --quick --out --plot`` on 2^14 elements: the table,
+    the JSON row of every phase and, last, ``gs_vs_topk <ratio>``."""
+    out, png = tmp_path / "sketch.json", tmp_path / "sketch.png"
+    stdout = run_script("bench_sketch.py", "--log2-size", "14", "--ratio", "0.01", "--ranks", "2", "--quick",
+                        "--out", str(out), "--plot", str(png))
+    (row,) = json.loads(out.read_text())
+    assert (row["d"], row["k"], row["ranks"]) == (2 ** 14, 164, 2)
+    for phase in ("sum_s", "topk_s", "top_abs_s", "accumulate_at_s", "heavy_hitters_s", "final_topk_s", "step_s",
+                  "reference_s"):
+        assert row[phase] > 0, phase
+    last = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"gs_vs_topk \d+\.\d{3}", last), last
+    assert "| 2^14 | 164 (D/100) |" in stdout
+    assert png.stat().st_size > 0
+
+
+def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
+    """``bench_recovery.py --quick`` (3 steps instead of 20) ends with the shipped gs against
+    gTop-k; ``--report`` of its records prints the tables and draws both plots."""
+    records = tmp_path / "recovery.jsonl"
+    stdout = run_script("bench_recovery.py", "--quick", "--steps", "3", "--out", str(records))
+    last = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"gs_vs_gtopk P=16 delivered_mass_ratio \d+\.\d{3} bytes_ratio \d+\.\d{3}", last), last
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    by_method = {r["method"]: r for r in rows}
+    assert {"dense", "exact top-k", "gTop-k", "gTop-k (global)", "top-k allgather", "Sketched-SGD", "gs global",
+            "gs layer"} == set(by_method)
+    assert all(r["P"] == 16 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
+    assert by_method["dense"]["payload"] == 4 * 50_432  # the digits MLP at hidden 256 (docs/design.md)
+    assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-5
+    assert all(0 < r["mass"] < math.inf for r in rows)
+    # global gs with an exact round applies exact sums on k coordinates: at most the top k's mass
+    assert all(r["mass"] <= 1 + 1e-5 for r in rows if r.get("scope") == "global" and r.get("candidates"))
+
+    plot, loss_plot = tmp_path / "recovery.png", tmp_path / "loss.png"
+    report = run_script("bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
+                        str(loss_plot))
+    assert "### digits MLP, ratio 0.01, P = 16" in report and "### Shipped gs global vs gTop-k" in report
+    assert re.search(r"^\| digits MLP \| 0\.01 \| 16 \|", report, re.MULTILINE)
+    assert plot.stat().st_size > 0 and loss_plot.stat().st_size > 0
+
+
+def test_train_torch_mlp(tmp_path: Path) -> None:
+    """``horovodrun -np 2 ... train_torch.py --model mlp --epochs 1 --json F``: one epoch with
+    GsSketch, fewer bytes per step than dense."""
+    out = tmp_path / "history.json"
+    stdout = run_script("train_torch.py", "--model", "mlp", "--epochs", "1", "--json", str(out),
+                        launcher=horovodrun_command(2, "gloo"))
+    result = json.loads(out.read_text())
+    (epoch,) = result["history"]
+    assert result["ranks"] == 2 and 0 <= epoch["accuracy"] <= 1 and math.isfinite(epoch["loss"])
+    assert 0 < epoch["bytes_per_step"] < result["dense_bytes_per_step"]
+    assert any(line.startswith("summary (2 ranks, --compression gs)") for line in rank0_lines(stdout))
+
+
+def test_train_lm_tiny(tmp_path: Path) -> None:
+    """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM: a held-out
+    perplexity per interval and GsSketch's bytes under dense."""
+    out = tmp_path / "history.json"
+    run_script("train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
+               "--batch-size", "2", "--seq", "16", "--eval-windows", "2", "--eval-seq", "32", "--json", str(out),
+               launcher=horovodrun_command(2, "gloo"))
+    result = json.loads(out.read_text())
+    assert [h["epoch"] for h in result["history"]] == [1, 2]
+    assert all(1 < h["perplexity"] < 1000 for h in result["history"])
+    assert 0 < result["history"][-1]["bytes_per_step"] < result["dense_bytes_per_step"]
+
