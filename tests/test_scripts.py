@@ -5,8 +5,7 @@ documented command cannot break unnoticed.
 
 Adding a script is one test function: :func:`run_script` runs it and returns its stdout, and the
 test checks that output or the files the script wrote. Not here: bench_wire.py, bench_throughput.py
-and cost_model.py (tests/test_bench_tools.py runs them); bench_convergence.py and bench_compute.py,
-which get one function each that way; bench_throughput.sh (root and network namespaces);
+and cost_model.py (tests/test_bench_tools.py runs them); bench_throughput.sh (root and network namespaces);
 train_tf.py, whose TensorFlow start-up on two ranks does not fit this file's budget
 (tests/workers/tf_scenarios.py runs the same DistributedGradientTape with GsSketch). The whole
 file is meant to stay around 90 s on two idle cores.
@@ -175,3 +174,23 @@ def test_train_lm_tiny(tmp_path: Path) -> None:
     assert all(1 < h["perplexity"] < 1000 for h in result["history"])
     assert 0 < result["history"][-1]["bytes_per_step"] < result["dense_bytes_per_step"]
 
+
+def test_bench_convergence_quick(tmp_path: Path) -> None:
+    """``bench_convergence.py --quick``: gs-SGD and Sketched-SGD at gs-SGD's wire bytes, 2 ranks;
+    the equal-wire comparison holds (Sketched-SGD sent no more wire bytes than gs-SGD)."""
+    out = run_script("bench_convergence.py", "--quick", "--out-dir", str(tmp_path), timeout=600)
+    runs = json.loads((tmp_path / "convergence_mlp.json").read_text())
+    assert set(runs) == {"gs @ 0.01", "sketched = gs @ 0.01"}
+    wire = {k: v["0"]["history"][-1]["wire_bytes_per_step"] for k, v in runs.items()}
+    assert 0 < wire["sketched = gs @ 0.01"] <= wire["gs @ 0.01"]
+    assert "at equal wire bytes" in out and (tmp_path / "convergence_mlp.png").stat().st_size > 0
+
+
+def test_bench_compute_quick(tmp_path: Path) -> None:
+    """``bench_compute.py --quick`` (D scaled down): every method timed, and the last line is the
+    documented ``gtopk_vs_topk_allgather <ratio>``."""
+    out = run_script("bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
+    rows = json.loads((tmp_path / "c.json").read_text())
+    assert len(rows) == 6 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
+    name, ratio = out.strip().splitlines()[-1].split()
+    assert name == "gtopk_vs_topk_allgather" and float(ratio) > 0
