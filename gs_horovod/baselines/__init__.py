@@ -41,21 +41,23 @@ class Meter:
     collectives, wire bytes through the busiest rank); ``collectives()`` → one step's (kind,
     payload bytes) list, for the cost model."""
 
-    def __init__(self, ranks: int, collectives: Callable[[], list[Collective]]) -> None:
-        self.ranks, self._collectives = ranks, collectives
+    def __init__(self, ranks: int, collectives: Callable[[], list[Collective]],
+                 per_step: Callable[[], tuple[float, float]] | None = None) -> None:
+        self.ranks, self._collectives, self._per_step = ranks, collectives, per_step
 
     def collectives(self) -> list[Collective]:
         return self._collectives()
 
     def per_step(self) -> tuple[float, float]:
+        if self._per_step is not None:
+            return self._per_step()
         step = self.collectives()
         return sum(n for _, n in step), total_wire_bytes(step, self.ranks)
 
     @classmethod
     def of_traffic(cls, traffic: Traffic) -> Meter:
-        meter = cls(traffic.ranks, lambda: traffic.last_step)
-        meter.per_step = traffic.per_step  # exact means over every step so far
-        return meter
+        """The meter of a baseline's counted traffic: means over every step so far."""
+        return cls(traffic.ranks, lambda: traffic.last_step, traffic.per_step)
 
 
 def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ratio: float | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
@@ -97,7 +98,7 @@ class Exchange:
     def planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
         """The (kind, payload bytes) collectives of one step for gradients of ``shapes``, as
         :meth:`exchange` issues them (:mod:`gs_horovod.wire` turns them into wire bytes)."""
-        sizes = [_numel(s) for s in shapes]
+        sizes = [math.prod(s) for s in shapes]
         small = sum(d for d in sizes if d < self.min_size)
         head = [("allreduce", 4.0 * small)] if small else []
         big = [s for s, d in zip(shapes, sizes) if d >= self.min_size]
@@ -105,13 +106,6 @@ class Exchange:
 
     def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
         raise NotImplementedError
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class ExchangeOptimizer:

@@ -12,7 +12,7 @@ from ..kernels import torch_ops
 from ..kernels.hashing import hash_keys
 from ..wire import Collective
 from .comm import Comm
-from .exchange import Exchange, Span, _numel
+from .exchange import Exchange, Span
 
 
 def _power_of_two(P: int, method: str) -> None:
@@ -42,7 +42,7 @@ class TopKAllgather(Exchange):
         return idx, vals
 
     def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
-        k = sum(s.k for s in self.spans([_numel(x) for x in shapes]))
+        k = sum(s.k for s in self.spans([math.prod(x) for x in shapes]))
         return [("allgather", 4.0 * k), ("allgather", 4.0 * k)]
 
 
@@ -84,7 +84,7 @@ class GTopK(Exchange):
         return keep, a[keep]
 
     def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
-        k = sum(s.k for s in self.spans([_numel(x) for x in shapes]))
+        k = sum(s.k for s in self.spans([math.prod(x) for x in shapes]))
         return [("pairwise", 8.0 * k)] * int(math.log2(ranks))
 
 
@@ -143,7 +143,7 @@ class SketchedSGD(Exchange):
         return idx, a[idx]
 
     def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
-        spans = self.spans([_numel(x) for x in shapes])
+        spans = self.spans([math.prod(x) for x in shapes])
         cells = sum(self.rows * self.cols(s) for s in spans)
         cands = sum(self.candidates(s) for s in spans)
         return [("gather", 4.0 * cells), ("broadcast", 4.0 * cands), ("allreduce", 4.0 * cands)]
@@ -166,7 +166,7 @@ class PowerSGD(Exchange):
     @staticmethod
     def matrix(shape: tuple[int, ...]) -> tuple[int, int]:
         n = shape[0] if shape else 1
-        return n, _numel(shape) // max(1, n)
+        return n, math.prod(shape) // max(1, n)
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Comm) -> None:
