@@ -282,19 +282,21 @@ def main() -> None:
         print(table(runs, metric) + "\n\n" + headline(runs, metric))
         plot(runs, out / f"convergence_{args.model}.png", title, metric)
         return
+    # seeds outermost, the data file rewritten after every run: a matrix cut short still holds
+    # every method at the seeds it finished
     runs: dict[str, dict[str, dict]] = {}
-    for label in args.methods:
-        for ratio in ([1.0] if label in UNCOMPRESSED else args.ratios):
-            key = f"{label} @ {ratio:g}"
-            for seed in args.seeds:
+    for seed in args.seeds:
+        for label in args.methods:
+            for ratio in ([1.0] if label in UNCOMPRESSED else args.ratios):
+                key = f"{label} @ {ratio:g}"
                 print(f"[bench_convergence] {key} seed {seed}", file=sys.stderr, flush=True)
                 try:
                     runs.setdefault(key, {})[str(seed)] = run(label, ratio, seed, args)
                 except subprocess.CalledProcessError as e:
                     tail = e.stderr.decode(errors="replace").strip().splitlines()[-3:]
                     print(f"[bench_convergence] {key} seed {seed} FAILED: {' / '.join(tail)}", file=sys.stderr)
+                data.write_text(json.dumps({k: v for k, v in runs.items() if v}, indent=1))
     runs = {k: v for k, v in runs.items() if v}
-    data.write_text(json.dumps(runs, indent=1))
     print(table(runs, metric))
     print("\n" + headline(runs, metric))
     plot(runs, out / f"convergence_{args.model}.png", title, metric)
