@@ -7,8 +7,8 @@ every rank computes exactly what it would on its own process (collectives reduce
 order, identically on every rank), and the time a rank holds the turn outside collectives
 (their reductions included) is its own compute, uncontended
 (``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is both the engine's
-:class:`gs_horovod.gs_sgd.Collectives` (``allreduce`` averages) and the baselines'
-:class:`gs_horovod.baselines.comm.Comm`, over torch tensors.
+:class:`gs_horovod.gs_sgd.Collectives` (``allreduce`` averages; torch or TensorFlow arrays) and
+the baselines' :class:`gs_horovod.baselines.comm.Comm` (torch tensors).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
 
+import numpy as np
 import torch
 
 from .wire import Traffic
@@ -30,8 +31,10 @@ class _Aborted(Exception):
 
 class SimulatedRanks:
     """Runs ``fn(rank, comm)`` for ``size`` ranks (:meth:`run`) and returns the results in rank
-    order, re-raising the first rank's exception. ``compute_seconds[r]``: the time rank r held
-    the turn (its computation outside collectives), accumulated over runs."""
+    order, re-raising the first rank's exception. ``comms[r]``: rank r's :class:`SimulatedComm`,
+    the same in every run (its traffic accumulates over runs, so an engine built on it once
+    serves every step); ``compute_seconds[r]``: the time rank r held the turn (its computation
+    outside collectives), accumulated over runs."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
@@ -43,6 +46,7 @@ class SimulatedRanks:
         self._slots: list[Any] = [None] * size
         self._done: list[Any] = []
         self._failed = False
+        self.comms = [SimulatedComm(self, r) for r in range(size)]
 
     def _wait_turn(self, rank: int) -> None:
         self._cv.wait_for(lambda: self._turn == rank or self._failed)
@@ -69,7 +73,7 @@ class SimulatedRanks:
         self._turn, self._failed = 0, False
 
         def main(rank: int) -> None:
-            comm = SimulatedComm(self, rank)
+            comm = self.comms[rank]
             try:
                 with self._cv:
                     self._wait_turn(rank)
@@ -94,6 +98,15 @@ class SimulatedRanks:
         if errors:
             raise errors[0]
         return results
+
+
+def _as_torch(x: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """x as a torch tensor, and the function that turns a result back into x's framework."""
+    if isinstance(x, torch.Tensor):
+        return x, lambda t: t
+    import tensorflow as tf
+
+    return torch.from_numpy(np.array(x)), lambda t: tf.constant(t.numpy())
 
 
 class SimulatedComm:
@@ -122,11 +135,13 @@ class SimulatedComm:
             total += p
         return total
 
-    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """The engine's collective: x averaged over ranks."""
-        self.traffic.add("allreduce", x.numel() * x.element_size())
-        parts = self._all(x, name)
-        return self._resume((self._sum([p.float() for p in parts]) / self.size).to(x.dtype))
+    def allreduce(self, x: Any, name: str) -> Any:
+        """The engine's collective: x (n,) f32 or f16, a torch or TensorFlow array, averaged over
+        ranks in f32 (as Horovod's Average), returned in x's dtype and framework."""
+        t, back = _as_torch(x)
+        self.traffic.add("allreduce", t.numel() * t.element_size())
+        parts = self._all(t, name)
+        return self._resume(back((self._sum([p.float() for p in parts]) / self.size).to(t.dtype)))
 
     def same_on_every_rank(self, value: Any, name: str) -> bool:
         parts = self._all(torch.tensor(int(value), dtype=torch.int64), name)

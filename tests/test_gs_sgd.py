@@ -1,15 +1,15 @@
-"""The gs-SGD engine on simulated ranks (threads meeting at a barrier) and its options."""
+"""The gs-SGD engine on simulated ranks (gs_horovod.simulated: threads taking turns) and its options."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from simulated_ranks import Ranks
 
 from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.simulated import SimulatedRanks
 from gs_horovod.torch import GsSketch
 
 NAMES = ["a.weight", "b.weight"]
@@ -49,7 +49,7 @@ def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Ran
     ranks = ranks or [Rank(config, sizes) for _ in grads[0]]
     updates = []
     for step_grads in grads:
-        results = Ranks(len(ranks)).run(lambda r, comm, g=step_grads: ranks[r].step(comm, g[r]))
+        results = SimulatedRanks(len(ranks)).run(lambda r, comm, g=step_grads: ranks[r].step(comm, g[r]))
         for res in results[1:]:
             assert all(torch.equal(u, v) for u, v in zip(res, results[0]))
         updates.append(results[0])
@@ -91,7 +91,7 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
         update = engine.step(layout, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
         return list(torch.split(update, layout.all_sizes))
 
-    updates = Ranks(2).run(rank)
+    updates = SimulatedRanks(2).run(rank)
     assert [tuple(u.shape) for u in updates[0]] == [(4000,), (10,), (0,)]
     torch.testing.assert_close(updates[0][1], (small[0][0] + small[1][0]) / 2)
     assert int((updates[0][0] != 0).sum()) == 40

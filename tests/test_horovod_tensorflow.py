@@ -11,11 +11,11 @@ from conftest import horovodrun
 def test_tf_and_torch_engines_give_the_same_update(scope):
     tf = pytest.importorskip("tensorflow")
     import torch
-    from simulated_ranks import Ranks
 
     from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
     from gs_horovod.kernels.tf_ops import TfOps
     from gs_horovod.kernels.torch_ops import TorchOps
+    from gs_horovod.simulated import SimulatedRanks
 
     rng = np.random.default_rng(0)
     grads = [[(rng.standard_normal(d) * rng.random(d) ** 4).astype(np.float32) for d in (3000, 2000)]
@@ -29,7 +29,7 @@ def test_tf_and_torch_engines_give_the_same_update(scope):
             res = GsSgd(cfg, ops, comm).step(layout, [to(g) for g in grads[r]], to(np.zeros(5000, np.float32)),
                                              to(np.zeros(5000, np.float32)), 0, True, [to(g) for g in small[r]])
             return [np.asarray(x) for x in (res.update, res.residual, res.momentum)]
-        return Ranks(2, wrap=to).run(rank)[0]
+        return SimulatedRanks(2).run(rank)[0]
 
     for a, b in zip(run(TorchOps("torch"), torch.from_numpy), run(TfOps(), tf.constant)):
         assert np.array_equal(a != 0, b != 0)
