@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 README = Path(__file__).with_name("README.md")
 
@@ -13,7 +13,7 @@ setup(
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=["gs_horovod", "gs_horovod.kernels", "gs_horovod.baselines"],
+    packages=find_packages(include=["gs_horovod", "gs_horovod.*"]),
     install_requires=["numpy>=1.23", "numba>=0.60"],
     extras_require={
         "torch": ["torch>=2.0", "horovod==0.28.1"],

@@ -68,7 +68,7 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 class GsConfig:
     """Options of gs-SGD, validated at construction. The default sizes (rows 3, width 2, one
     round of k candidates, pre-filter 1, float16 sketch) were chosen by measured delivered mass
-    per byte (``scripts/bench_recovery.py``, docs/design.md "Recovery").
+    per byte (``scripts/bench/bench_recovery.py``, docs/design.md "Recovery").
 
     scope: "global" (one sketch of all compressed coordinates per step, k = ceil(ratio · D))
         or "layer" (one sketch per tensor, k = ceil(ratio · d) each).

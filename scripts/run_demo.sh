@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: sets up the environment if needed, then trains the MNIST-5k CNN on 2 Horovod
-# ranks with GsSketch. Extra arguments go to scripts/train_torch.py (e.g. --compression none).
+# ranks with GsSketch. Extra arguments go to scripts/examples/train_torch.py (e.g. --compression none).
 # The console shows rank 0's progress bar, a line per epoch and a summary; scripts/console.py
 # drops TensorFlow's start-up notices (horovodrun's build check imports TensorFlow) and
 # passes every other line, warnings and errors included. The long Gloo timeout lets a rank
@@ -11,4 +11,4 @@ bash "$ROOT/scripts/setup_env.sh"
 export PATH="${GS_VENV:-$ROOT/.venv}/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=2 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 cd "$ROOT"
 echo "gs_horovod demo: 2 ranks (horovodrun --gloo), MNIST-5k CNN${*:+, arguments: $*}"
-horovodrun -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 300 python scripts/train_torch.py "$@" 2>&1 | python scripts/console.py
+horovodrun -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 300 python scripts/examples/train_torch.py "$@" 2>&1 | python scripts/console.py

@@ -62,8 +62,8 @@ if ! "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VE
 fi
 
 log "pip install -e $ROOT"
-# setuptools warns about every editable install with a package_dir mapping (kernels/ is
-# installed as gs_horovod.kernels): keep its output, shown only if the install fails
+# pip's editable install is chatty (setuptools notices):
+# keep its output, shown only if the install fails
 if ! out="$("$PY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT" 2>&1)"; then
   echo "$out" >&2; exit 1
 fi

@@ -1,6 +1,6 @@
-"""Smoke runs of the throughput tools: scripts/bench_throughput.py under a real horovodrun
-(no network namespaces), scripts/cost_model.py's --validate on a generated results file
-and --project, scripts/bench_wire.py counted and measured."""
+"""Smoke runs of the throughput tools: scripts/bench/bench_throughput.py under a real horovodrun
+(no network namespaces), scripts/bench/cost_model.py's --validate on a generated results file
+and --project, scripts/bench/bench_wire.py counted and measured."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts"
+SCRIPTS = ROOT / "scripts" / "bench"
 sys.path.insert(0, str(SCRIPTS))
 import cost_model  # noqa: E402
 
+from gs_horovod.bench import variants  # noqa: E402
 from gs_horovod.wire import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
@@ -47,23 +48,23 @@ def _run(*args: str, ranks: int = 0, timeout: float = 240) -> str:
 
 
 def _lm_shapes(hidden: int) -> list[tuple[int, ...]]:
-    import workloads
+    from gs_horovod.bench.workloads import LstmLM
 
-    return [tuple(p.shape) for _, p in workloads.LstmLM(hidden=hidden).named_parameters()]
+    return [tuple(p.shape) for _, p in LstmLM(hidden=hidden).named_parameters()]
 
 
 def test_variant_words_round_trip_and_label() -> None:
     for word in cost_model.HEADLINE:
-        assert cost_model.variant_word(*cost_model.parse_variant(word)) == word
-    assert cost_model.parse_variant("sketched:width=4,rows=3") == ("sketched", {"width": 4, "rows": 3})
-    assert cost_model.variant_word("sketched", {"width": 4, "rows": 3}) == "sketched:rows=3,width=4"
-    labels = [cost_model.variant_label(*cost_model.parse_variant(w)) for w in cost_model.HEADLINE]
+        assert variants.variant_word(*variants.parse_variant(word)) == word
+    assert variants.parse_variant("sketched:width=4,rows=3") == ("sketched", {"width": 4, "rows": 3})
+    assert variants.variant_word("sketched", {"width": 4, "rows": 3}) == "sketched:rows=3,width=4"
+    labels = [variants.variant_label(*variants.parse_variant(w)) for w in cost_model.HEADLINE]
     assert labels == ["gs-SGD", "gTop-k (global)", "gTop-k (per tensor)", "top-k allgather (global)",
                       "Sketched-SGD (global)", "PowerSGD r1", "PowerSGD r4", "dense", "fp16"]
     with pytest.raises(ValueError, match="method"):
-        cost_model.parse_variant("dgc:scope=layer")
+        variants.parse_variant("dgc:scope=layer")
     with pytest.raises(ValueError, match="NAME=VALUE"):
-        cost_model.parse_variant("gtopk:layer")
+        variants.parse_variant("gtopk:layer")
 
 
 def test_bench_throughput_smoke(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_bench_throughput_smoke(tmp_path: Path) -> None:
          "--repeat", "2", "--out", str(out), ranks=2)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["label"] for r in rows] == ["local", "fake"]
-    planned = cost_model.planned("gtopk", {"scope": "layer"}, _lm_shapes(32), 2, 0.01)
+    planned = variants.planned("gtopk", {"scope": "layer"}, _lm_shapes(32), 2, 0.01)
     for r in rows:
         assert set(r) == RUN_KEYS
         assert (r["kind"], r["method"], r["options"], r["variant"]) == ("run", "gtopk", {"scope": "layer"},
@@ -102,7 +103,7 @@ def _synthetic_results(path: Path) -> int:
         for P in (2, 4):
             for variant, c in compute.items():
                 c *= P // 2  # ranks per core
-                collectives = cost_model.planned(variant, {}, shapes, P, 0.001)
+                collectives = variants.planned(variant, {}, shapes, P, 0.001)
                 for label, (a, b) in links.items():
                     comm = cost_model.comm_seconds(collectives, P, a, b)
                     counted += rep == 1 and label != "local" and comm / (c + comm) >= cost_model.SHARE
@@ -125,7 +126,7 @@ def test_cost_model_validate(tmp_path: Path) -> None:
     assert lines[-2].startswith(f"max_rel_error over {counted} of 12 shaped predictions")
     assert 0 < counted < 12
     assert "| gs-SGD ÷ it, 100mbit | gs-SGD ÷ it, 1gbit |" in out
-    dense = 1 / (0.04 + cost_model.comm_seconds(cost_model.planned("none", {}, _lm_shapes(512), 2), 2, 20e-6, 1.5e9))
+    dense = 1 / (0.04 + cost_model.comm_seconds(variants.planned("none", {}, _lm_shapes(512), 2), 2, 20e-6, 1.5e9))
     assert f"| dense | 1 | {dense:.3f} ({0.98 * dense:.3f}–{1.02 * dense:.3f}) |" in out  # median, min–max of 3
     cross = next(line for line in lines if line.startswith("cross-P max_rel_error"))
     assert float(cross.split()[2]) == pytest.approx(0.0, abs=1e-3)  # compute scales by ranks per core exactly

@@ -1,5 +1,5 @@
 """Smoke tests of the benchmark and tool scripts: each documented command, in its cheapest mode,
-run as a user runs it (``python scripts/<name>.py ...`` from the repository root, under
+run as a user runs it (``python scripts/<folder>/<name>.py ...`` from the repository root, under
 horovodrun or mpirun where it needs ranks) must exit 0 and produce what it promises, so that a
 documented command cannot break unnoticed.
 
@@ -29,12 +29,12 @@ SCRIPTS = ROOT / "scripts"
 
 def run_script(script: str, *args: str, launcher: Sequence[str] = (), stdin: Optional[str] = None,
                timeout: float = 300) -> str:
-    """Runs ``python scripts/<script> *args`` with this venv's python from the repository root,
-    after ``launcher`` if given (:func:`conftest.horovodrun_command`, :func:`conftest.mpirun_command`),
-    and returns its stdout as written (carriage returns kept); fails with the tail of both streams
-    unless it exits 0. The repository root leads PYTHONPATH, so the scripts import this checkout's
-    gs_horovod wherever the venv's editable install points; they find each other through their own
-    folder (``sys.path[0]``)."""
+    """Runs ``python scripts/<script> *args`` (``script`` relative to scripts/, e.g.
+    "bench/soak.py") with this venv's python from the repository root, after ``launcher`` if
+    given (:func:`conftest.horovodrun_command`, :func:`conftest.mpirun_command`), and returns its
+    stdout as written (carriage returns kept); fails with the tail of both streams unless it
+    exits 0. The repository root leads PYTHONPATH, so the scripts import this checkout's
+    gs_horovod wherever the venv's editable install points (scripts import only the library)."""
     cmd = [*launcher, sys.executable, str(SCRIPTS / script), *args]
     env = rank_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -69,7 +69,7 @@ def test_bench_merge_quick(tmp_path: Path) -> None:
     """``horovodrun -np 2 --mpi ... bench_merge.py --quick --out``: the four merges timed on the two
     smallest buffers; on 2 ranks the flat tree is one exchange of the whole buffer."""
     out = tmp_path / "merge.json"
-    stdout = run_script("bench_merge.py", "--quick", "--out", str(out), launcher=horovodrun_command(2, "mpi"))
+    stdout = run_script("bench/bench_merge.py", "--quick", "--out", str(out), launcher=horovodrun_command(2, "mpi"))
     result = json.loads(out.read_text())
     assert (result["ranks"], result["reps"]) == (2, 3)
     assert [r["bytes"] for r in result["rows"]] == [10_000, 100_000]
@@ -83,7 +83,7 @@ def test_bench_merge_quick(tmp_path: Path) -> None:
 def test_pingpong(tmp_path: Path) -> None:
     """``mpirun -np 2 ... pingpong.py --label L --out F``: α and β fitted, one JSON line appended."""
     out = tmp_path / "pingpong.jsonl"
-    stdout = run_script("pingpong.py", "--label", "smoke", "--repeats", "1", "--out", str(out),
+    stdout = run_script("bench/pingpong.py", "--label", "smoke", "--repeats", "1", "--out", str(out),
                         launcher=mpirun_command(2))
     row = json.loads(out.read_text())
     assert json.loads(stdout.strip().splitlines()[-1]) == row
@@ -96,7 +96,7 @@ def test_soak(tmp_path: Path) -> None:
     """``horovodrun -np 2 ... soak.py --steps N --out F``: RSS sampled on both ranks, GsSketch's
     per-tensor states stay the number of compressed parameters."""
     out = tmp_path / "soak.json"
-    stdout = run_script("soak.py", "--steps", "20", "--every", "10", "--settle", "10", "--out", str(out),
+    stdout = run_script("bench/soak.py", "--steps", "20", "--every", "10", "--settle", "10", "--out", str(out),
                         launcher=horovodrun_command(2, "gloo"))
     result = json.loads(out.read_text())
     assert result["steps"] == 20 and [s["step"] for s in result["samples"]] == [10, 20]
@@ -110,7 +110,7 @@ def test_bench_sketch_quick(tmp_path: Path) -> None:
     """``bench_sketch.py --log2-size N --ratio R --quick --out --plot`` on 2^14 elements: the table,
     the JSON row of every phase and, last, ``gs_vs_topk <ratio>``."""
     out, png = tmp_path / "sketch.json", tmp_path / "sketch.png"
-    stdout = run_script("bench_sketch.py", "--log2-size", "14", "--ratio", "0.01", "--ranks", "2", "--quick",
+    stdout = run_script("bench/bench_sketch.py", "--log2-size", "14", "--ratio", "0.01", "--ranks", "2", "--quick",
                         "--out", str(out), "--plot", str(png))
     (row,) = json.loads(out.read_text())
     assert (row["d"], row["k"], row["ranks"]) == (2 ** 14, 164, 2)
@@ -127,7 +127,7 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     """``bench_recovery.py --quick`` (3 steps instead of 20) ends with the shipped gs against
     gTop-k; ``--report`` of its records prints the tables and draws both plots."""
     records = tmp_path / "recovery.jsonl"
-    stdout = run_script("bench_recovery.py", "--quick", "--steps", "3", "--out", str(records))
+    stdout = run_script("bench/bench_recovery.py", "--quick", "--steps", "3", "--out", str(records))
     last = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"gs_vs_gtopk P=16 delivered_mass_ratio \d+\.\d{3} bytes_ratio \d+\.\d{3}", last), last
     rows = [json.loads(line) for line in records.read_text().splitlines()]
@@ -142,7 +142,7 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert all(r["mass"] <= 1 + 1e-5 for r in rows if r.get("scope") == "global" and r.get("candidates"))
 
     plot, loss_plot = tmp_path / "recovery.png", tmp_path / "loss.png"
-    report = run_script("bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
+    report = run_script("bench/bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
                         str(loss_plot))
     assert "### digits MLP, ratio 0.01, P = 16" in report and "### Shipped gs global vs gTop-k" in report
     assert re.search(r"^\| digits MLP \| 0\.01 \| 16 \|", report, re.MULTILINE)
@@ -153,7 +153,7 @@ def test_train_torch_mlp(tmp_path: Path) -> None:
     """``horovodrun -np 2 ... train_torch.py --model mlp --epochs 1 --json F``: one epoch with
     GsSketch, fewer bytes per step than dense."""
     out = tmp_path / "history.json"
-    stdout = run_script("train_torch.py", "--model", "mlp", "--epochs", "1", "--json", str(out),
+    stdout = run_script("examples/train_torch.py", "--model", "mlp", "--epochs", "1", "--json", str(out),
                         launcher=horovodrun_command(2, "gloo"))
     result = json.loads(out.read_text())
     (epoch,) = result["history"]
@@ -166,7 +166,7 @@ def test_train_lm_tiny(tmp_path: Path) -> None:
     """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM: a held-out
     perplexity per interval and GsSketch's bytes under dense."""
     out = tmp_path / "history.json"
-    run_script("train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
+    run_script("examples/train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
                "--batch-size", "2", "--seq", "16", "--eval-windows", "2", "--eval-seq", "32", "--json", str(out),
                launcher=horovodrun_command(2, "gloo"))
     result = json.loads(out.read_text())
@@ -178,7 +178,7 @@ def test_train_lm_tiny(tmp_path: Path) -> None:
 def test_bench_convergence_quick(tmp_path: Path) -> None:
     """``bench_convergence.py --quick``: gs-SGD and Sketched-SGD at gs-SGD's wire bytes, 2 ranks;
     the equal-wire comparison holds (Sketched-SGD sent no more wire bytes than gs-SGD)."""
-    out = run_script("bench_convergence.py", "--quick", "--out-dir", str(tmp_path), timeout=600)
+    out = run_script("bench/bench_convergence.py", "--quick", "--out-dir", str(tmp_path), timeout=600)
     runs = json.loads((tmp_path / "convergence_mlp.json").read_text())
     assert set(runs) == {"gs @ 0.01", "sketched = gs @ 0.01"}
     wire = {k: v["0"]["history"][-1]["wire_bytes_per_step"] for k, v in runs.items()}
@@ -189,7 +189,7 @@ def test_bench_convergence_quick(tmp_path: Path) -> None:
 def test_bench_compute_quick(tmp_path: Path) -> None:
     """``bench_compute.py --quick`` (D scaled down): every method timed, and the last line is the
     documented ``gtopk_vs_topk_allgather <ratio>``."""
-    out = run_script("bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
+    out = run_script("bench/bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
     rows = json.loads((tmp_path / "c.json").read_text())
     assert len(rows) == 6 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
     name, ratio = out.strip().splitlines()[-1].split()

@@ -1,16 +1,12 @@
-"""The real-data loaders and models of scripts/workloads.py."""
+"""The real-data loaders and models of gs_horovod/bench/workloads.py."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-import workloads  # noqa: E402
+from gs_horovod.bench import workloads
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +115,7 @@ def test_lstm_lm_size_and_uniform_perplexity():
 def test_demo_passes_only_the_gsketch_options_the_user_gave():
     import argparse
 
-    from demo_common import add_compression_flags, gs_options
+    from gs_horovod.bench.cli import add_compression_flags, gs_options
 
     p = argparse.ArgumentParser()
     add_compression_flags(p, ["gs", "none"])
@@ -133,7 +129,7 @@ def test_demo_passes_only_the_gsketch_options_the_user_gave():
 def test_demo_passes_baseline_options_and_none_to_horovods_methods():
     import argparse
 
-    from demo_common import add_compression_flags, method_options
+    from gs_horovod.bench.cli import add_compression_flags, method_options
 
     p = argparse.ArgumentParser()
     add_compression_flags(p, ["gs", "none", "gtopk", "powersgd"])

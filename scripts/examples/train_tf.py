@@ -1,9 +1,9 @@
 """Data-parallel training of an MLP on scikit-learn's handwritten digits with Horovod and
 TensorFlow (tf-keras model, ``hvd.DistributedGradientTape`` in a ``tf.function``).
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/train_tf.py --compression gs
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_tf.py --compression gs
 
-Same data, model, flags and output as ``scripts/train_torch.py``.
+Same data, model, flags and output as ``scripts/examples/train_torch.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import math  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from demo_common import Report, demo_arguments, digits_shard, gs_options  # noqa: E402
 
+from gs_horovod.bench.cli import Report, demo_arguments, gs_options  # noqa: E402
+from gs_horovod.bench.workloads import digits_shard  # noqa: E402
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 from gs_horovod.wire import wire_bytes  # noqa: E402
 

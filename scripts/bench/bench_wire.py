@@ -2,9 +2,9 @@
 25.6M, as ResNet-50, k = 0.1 %): counted from the sizes for P up to 1024, and measured on real
 ranks.
 
-    python scripts/bench_wire.py --table --plot docs/wire.png --out docs/wire_counted.json   # counted
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench_wire.py --measure --out docs/wire_P2.json
-    horovodrun -np 4 -H localhost:4 --gloo python scripts/bench_wire.py --measure --out docs/wire_P4.json
+    python scripts/bench/bench_wire.py --table --plot docs/wire.png --out docs/wire_counted.json   # counted
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/bench_wire.py --measure --out docs/wire_P2.json
+    horovodrun -np 4 -H localhost:4 --gloo python scripts/bench/bench_wire.py --measure --out docs/wire_P4.json
 
 Counted: each variant's collectives of one step from the gradient's shape alone
 (``cost_model.planned``: the baselines' ``Exchange.planned``, gs-SGD's ``Layout.payload_bytes``,
@@ -21,8 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cost_model import exchange, gs_config, parse_variant, planned, takes_ratio, variant_label
-
+from gs_horovod.bench.variants import exchange, gs_config, parse_variant, planned, takes_ratio, variant_label
 from gs_horovod.wire import total_wire_bytes
 
 VARIANTS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")

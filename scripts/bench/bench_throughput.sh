@@ -3,24 +3,24 @@
 # Each rank runs in its own network namespace on a veth link to a bridge and is pinned to one
 # core (rank i on core i mod nproc, one OpenMP and one Numba thread; more ranks than cores
 # share them). Links are "local" (unshaped) or shaped to a RATE in both directions by tc tbf.
-#   RATIO=0.001 bash scripts/bench_throughput.sh OUT.jsonl RATES VARIANTS RANKS REPEATS [args...]
+#   RATIO=0.001 bash scripts/bench/bench_throughput.sh OUT.jsonl RATES VARIANTS RANKS REPEATS [args...]
 # VARIANTS: words METHOD[:NAME=VALUE,...], e.g. "gs gtopk gtopk:scope=layer powersgd:rank=1
 # none"; each option goes to a baseline as --opt NAME=VALUE, to gs as --gs NAME=VALUE. RATIO
 # (default 0.001) goes as --ratio to the methods that select k = RATIO·D coordinates (gs, topk,
 # gtopk, sketched); dense, fp16 and PowerSGD refuse one. Extra args go to every launch of
-# scripts/bench_throughput.py (e.g. --hidden 512 --steps 20).
+# scripts/bench/bench_throughput.py (e.g. --hidden 512 --steps 20).
 # Order: the repeat loop is outermost, so drift spreads over every variant alike. Each repeat
-# first runs an MPI ping-pong between ranks 0 and 1 at every link setting (scripts/pingpong.py:
-# α and β for scripts/cost_model.py), then per rank count every variant, its order rotated by
+# first runs an MPI ping-pong between ranks 0 and 1 at every link setting (scripts/bench/pingpong.py:
+# α and β for scripts/bench/cost_model.py), then per rank count every variant, its order rotated by
 # one per repeat, as ONE launch with a phase per link setting: unshaped first (the cost
 # model's compute calibration), then each RATE; between phases the launch waits while this
 # script reshapes the links (a ready/go file handshake, bench_throughput.py --sync). mpirun
 # uses TCP only (no shared-memory shortcut). Rank 0 appends a JSON line per phase to OUT.
-# The documented full run and its time: scripts/bench_throughput.py.
+# The documented full run and its time: scripts/bench/bench_throughput.py.
 # Root only; addresses 10.77.0.0/24 exist only inside these namespaces and the bridge.
 # Everything it creates is removed on exit, failure included.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${1:?output file}"; RATES="${2:-100mbit 1gbit}"
 VARIANTS="${3:-gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16}"
 RANKS="${4:-2 4}"; REPEATS="${5:-3}"
@@ -110,7 +110,7 @@ phases() {  # phases NP ARGS...: one launch of bench_throughput.py, a phase per 
   local np="$1" rate pid prev=local; shift
   rm -f "$SYNC"/*
   shape local  # start-up (broadcast of the model included) on unshaped links
-  run "$np" "$ROOT/scripts/bench_throughput.py" --labels local $RATES --sync "$SYNC" "$@" &
+  run "$np" "$ROOT/scripts/bench/bench_throughput.py" --labels local $RATES --sync "$SYNC" "$@" &
   pid=$!
   for rate in local $RATES; do
     until [[ -e $SYNC/ready.$rate ]]; do
@@ -131,7 +131,7 @@ for rep in $(seq 1 "$REPEATS"); do
   for rate in local $RATES; do
     shape "$rate"
     echo "[bench_throughput] repeat $rep/$REPEATS, $rate: ping-pong (${SECONDS} s)" >&2
-    run 2 "$ROOT/scripts/pingpong.py" --label "$rate" --out "$OUT"
+    run 2 "$ROOT/scripts/bench/pingpong.py" --label "$rate" --out "$OUT"
   done
   for np in $RANKS; do
     for j in $(seq 0 $((V - 1))); do

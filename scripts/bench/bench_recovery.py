@@ -1,13 +1,13 @@
 """How much of the exact top-k's mass each method delivers, and at what bytes: P workers
 simulated in one process over a stretch of real training steps.
 
-    python scripts/bench_recovery.py --quick                      # a few minutes: P = 16, digits MLP
-    python scripts/bench_recovery.py --run a --out docs/recovery.jsonl   # one part of the full study
-    python scripts/bench_recovery.py --report docs/recovery.jsonl --plot docs/recovery.png
+    python scripts/bench/bench_recovery.py --quick                      # a few minutes: P = 16, digits MLP
+    python scripts/bench/bench_recovery.py --run a --out docs/recovery.jsonl   # one part of the full study
+    python scripts/bench/bench_recovery.py --report docs/recovery.jsonl --plot docs/recovery.png
 
 The study, its commands and the choice of the shipped sizes are in docs/design.md ("Recovery").
 
-Tasks: (a) the digits MLP of scripts/train_torch.py (``--model mlp --hidden 256``, 50k compressed
+Tasks: (a) the digits MLP of scripts/examples/train_torch.py (``--model mlp --hidden 256``, 50k compressed
 weights), (b) the same MLP at hidden 1536 (1.28M compressed weights), both on scikit-learn's
 digits, each worker's gradient from its own micro-batch of ``--batch`` images; (c) planted
 heavy-tailed vectors (no training). Every method trains its own copy of the model from the same
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterator, Optional
@@ -50,6 +49,8 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from gs_horovod.bench.workloads import digits_mlp
 
 SHIPPED_FIELDS = ("rows", "width", "candidates", "prefilter", "sketch_dtype")
 
@@ -364,26 +365,23 @@ class Task:
 
 
 class DigitsTask(Task):
-    """The MLP scripts/train_torch.py builds for ``--model mlp --hidden HIDDEN`` (its own
-    ``parse_args`` and ``make_model``), on sklearn digits; P workers × ``batch`` images per step,
-    drawn from a per-step permutation seeded by the step (the same for every method)."""
+    """The digits MLP (``gs_horovod.bench.workloads.digits_mlp(hidden)``, as
+    scripts/examples/train_torch.py trains it with ``--model mlp``), on sklearn digits; P
+    workers × ``batch`` images per step, drawn from a per-step permutation seeded by the step
+    (the same for every method)."""
 
     def __init__(self, name: str, hidden: int, ranks: int, batch: int) -> None:
-        sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-        from demo_common import digits_shard
-        from train_torch import make_model, parse_args
+        from gs_horovod.bench.workloads import digits_shard
 
         self.name, self.hidden, self.ranks, self.batch = name, hidden, ranks, batch
         x, y, _, _ = digits_shard(0, 1)
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
-        self.make_model = make_model
-        self.model_args = parse_args(["--model", "mlp", "--hidden", str(hidden)])
         self.new_model()
         self.sizes = [p.numel() for n, p in self.model.named_parameters() if n in self.comp]
 
     def new_model(self) -> None:
         torch.manual_seed(SEED)
-        self.model = self.make_model(self.model_args)
+        self.model = digits_mlp(self.hidden)
         self.params = dict(self.model.named_parameters())
         self.comp = [n for n, p in self.params.items() if p.numel() >= MIN_SIZE]
         self.small = [n for n in self.params if n not in self.comp]

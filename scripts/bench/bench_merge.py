@@ -2,7 +2,7 @@
 doubling, and node-aware), Horovod's allreduce, and MPI.Allreduce. Run under MPI:
 
     horovodrun -np 4 -H localhost:4 --mpi --mpi-args="--oversubscribe --bind-to none" \\
-        python scripts/bench_merge.py --out docs/merge_benchmark_P4.json
+        python scripts/bench/bench_merge.py --out docs/merge_benchmark_P4.json
 
 Rank 0 prints a Markdown table (median of ``--reps`` timed calls after 3 warm-up calls) and
 writes the raw numbers to ``--out``. Bytes are what one rank sends per call: counted by

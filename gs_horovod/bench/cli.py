@@ -1,5 +1,6 @@
-"""What the demos share: flags, GsSketch options as the user gave them, the digits split, the
-progress report and the final summary, so all of them print and save the same things."""
+"""What the training examples share: flags, GsSketch options as the user gave them, the
+optimizer switch over gs-SGD and the baselines, the progress report and the final summary, so
+all of them print and save the same things."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import psutil
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 
@@ -98,13 +96,12 @@ def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_
     return distributed_optimizer(args.compression, optimizer, list(named_parameters), ratio, **options)
 
 
-def digits_shard(rank: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(x_train, y_train, x_test, y_test): 1,437 training images split over ranks (this rank's
-    share), the same 360 held out on every rank; x float32 in [0, 1] (n, 64), y int64."""
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x.astype(np.float32) / 16.0, y, test_size=0.2, random_state=0, stratify=y)
-    return x_train[rank::size], y_train[rank::size], x_test, y_test
+def append_jsonl(path: str | None, row: dict) -> None:
+    """Prints ``row`` as one JSON line and appends it to ``path`` (if given)."""
+    print(json.dumps(row), flush=True)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 class Report:

@@ -1,19 +1,20 @@
 """MPI ping-pong between ranks 0 and 1: latency α and bandwidth β of the link between them,
 fitted as one-way time t(n) = α + n / β over message sizes n. Run by
-``scripts/bench_throughput.sh`` inside the shaped network; rank 0 appends one JSON line
+``scripts/bench/bench_throughput.sh`` inside the shaped network; rank 0 appends one JSON line
 (``"kind": "pingpong"``) to ``--out``.
 
-    mpirun -np 2 ... python scripts/pingpong.py --label 1gbit --out results.jsonl
+    mpirun -np 2 ... python scripts/bench/pingpong.py --label 1gbit --out results.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 from mpi4py import MPI
+
+from gs_horovod.bench.cli import append_jsonl
 
 SIZES = (8, 1024, 65_536, 1 << 20, 4 << 20, 16 << 20)
 
@@ -56,10 +57,7 @@ def main() -> None:
         alpha, beta = fit(list(SIZES), seconds)
         row = {"kind": "pingpong", "label": args.label, "alpha_s": alpha, "beta_bytes_per_s": beta,
                "sizes": list(SIZES), "one_way_s": seconds}
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_jsonl(args.out, row)
 
 
 if __name__ == "__main__":

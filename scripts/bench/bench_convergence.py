@@ -1,10 +1,10 @@
 """Convergence of every method at a fixed step budget, k = 1/100 and 1/1000, over several
-seeds: held-out accuracy (MNIST-5k CNN, ``scripts/train_torch.py``) or per-byte perplexity
-(stdlib-source LSTM, ``scripts/train_lm.py``) against steps and against cumulative wire bytes.
+seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or per-byte perplexity
+(stdlib-source LSTM, ``scripts/examples/train_lm.py``) against steps and against cumulative wire bytes.
 
-    python scripts/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
-    python scripts/bench_convergence.py --model lm --hidden 512 --out-dir docs
-    python scripts/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
+    python scripts/bench/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
+    python scripts/bench/bench_convergence.py --model lm --hidden 512 --out-dir docs
+    python scripts/bench/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
 
 Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of the model's script;
 writes ``convergence_<model>.json``, ``convergence_<model>.png`` and Markdown tables (mean ±
@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # label: (train script --compression, extra arguments); compressed methods also get --ratio
 METHODS = {
     "dense": ("none", []),
@@ -52,9 +51,9 @@ DEFAULT_METHODS = ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", 
 UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r4")  # k does not apply: one run per seed
 # model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
-    "cnn": ("MNIST-5k CNN", "scripts/train_torch.py", ["--model", "cnn"], "accuracy"),
-    "mlp": ("digits MLP", "scripts/train_torch.py", ["--model", "mlp"], "accuracy"),
-    "lm": ("LSTM LM on stdlib sources", "scripts/train_lm.py", [], "perplexity"),
+    "cnn": ("MNIST-5k CNN", "scripts/examples/train_torch.py", ["--model", "cnn"], "accuracy"),
+    "mlp": ("digits MLP", "scripts/examples/train_torch.py", ["--model", "mlp"], "accuracy"),
+    "lm": ("LSTM LM on stdlib sources", "scripts/examples/train_lm.py", [], "perplexity"),
 }
 QUICK = {"methods": ["gs", "sketched = gs"], "ratios": [0.01], "seeds": [0], "epochs": 1,
          "ranks": 2, "model": "mlp"}
@@ -62,34 +61,23 @@ QUICK = {"methods": ["gs", "sketched = gs"], "ratios": [0.01], "seeds": [0], "ep
 
 def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
     """The parameter shapes of the run's model, in name order (as every method lays them out)."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from workloads import LstmLM, MnistCNN
+    from gs_horovod.bench.workloads import LstmLM, MnistCNN, digits_mlp
 
     if args.model == "lm":
         model = LstmLM(hidden=args.hidden or 1536)
     elif args.model == "cnn":
         model = MnistCNN(args.hidden or 256)
     else:
-        from train_torch import make_model
-
-        model = make_model(argparse.Namespace(model="mlp", hidden=args.hidden or 256))
+        model = digits_mlp(args.hidden or 256)
     return [tuple(p.shape) for _, p in sorted(model.named_parameters())]
 
 
 def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> float:
-    """Wire bytes per step through a rank of GsSketch at its defaults and ``ratio``: the sketch
-    and the exact round (with the small tensors) as two ring allreduces."""
-    from gs_horovod.gs_sgd import GsConfig, Layout
+    """Wire bytes per step through a rank of GsSketch at its defaults and ``ratio``."""
+    from gs_horovod.bench.variants import planned
     from gs_horovod.wire import total_wire_bytes
 
-    cfg = GsConfig(ratio=ratio)
-    sizes = [math.prod(s) for s in shapes]
-    big = [(f"t{i:04d}", d) for i, d in enumerate(sizes) if d >= cfg.min_size]
-    small = [(f"t{i:04d}", d) for i, d in enumerate(sizes) if d < cfg.min_size]
-    layout = Layout.build([n for n, _ in big], [d for _, d in big], cfg, tuple(n for n, _ in small),
-                          tuple(d for _, d in small))
-    sketch, exact, dense = layout.payload_bytes(cfg)
-    return total_wire_bytes([("allreduce", sketch), ("allreduce", exact + dense)], ranks)
+    return total_wire_bytes(planned("gs", {}, shapes, ranks, ratio), ranks)
 
 
 def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> dict:

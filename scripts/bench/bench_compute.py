@@ -4,8 +4,8 @@ with P ranks simulated in one process (``gs_horovod.simulated``: one rank runs a
 each rank's time outside collectives is its own, uncontended; collectives cost nothing here).
 The busiest rank's time is reported (Sketched-SGD: rank 0, which merges P sketches).
 
-    python scripts/bench_compute.py --out docs/bench_compute.json      # D = 2^24, P = 4, 16, k = D/100, D/1000
-    python scripts/bench_compute.py --quick                            # P = 4, k = D/1000, one timed step
+    python scripts/bench/bench_compute.py --out docs/bench_compute.json      # D = 2^24, P = 4, 16, k = D/100, D/1000
+    python scripts/bench/bench_compute.py --quick                            # P = 4, k = D/1000, one timed step
 
 D = 2^24 float32 coordinates as three matrices (4096×2048, 4096×1024, 2048×2048), each rank
 with its own N(0, 1) gradient; every method runs with global scope (one selection over all D),

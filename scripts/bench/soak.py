@@ -1,6 +1,6 @@
 """Soak: 5,000 GsSketch steps of the digits MLP on every rank, resident memory sampled.
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/soak.py --steps 5000 --out docs/soak.json
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/soak.py --steps 5000 --out docs/soak.json
 
 Rank 0 prints RSS (MiB) every ``--every`` steps for each rank, the growth from the first
 sample after ``--settle`` steps to the largest later one, and how many per-tensor states
@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 import horovod.torch as hvd
 import psutil
 import torch
+import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "workers"))
-from torch_scenarios import digits_shard, distributed, mlp, train  # noqa: E402
-
-from gs_horovod.torch import GsSketch  # noqa: E402
+from gs_horovod.bench.workloads import digits_mlp, digits_shard
+from gs_horovod.torch import GsSketch
 
 
 def main() -> None:
@@ -33,14 +30,21 @@ def main() -> None:
     args = p.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    x, y = digits_shard()
-    model = mlp(0)
+    x, y = map(torch.from_numpy, digits_shard(hvd.rank(), hvd.size())[:2])
+    torch.manual_seed(0)
+    model = digits_mlp(64)
     gs = GsSketch(ratio=0.02, min_size=64)
-    opt = distributed(model, "soak.", gs)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters(), compression=gs)
+    g = torch.Generator().manual_seed(hvd.rank())
     proc = psutil.Process()
     samples = []
     for done in range(args.every, args.steps + 1, args.every):
-        train(model, opt, x, y, steps=args.every)
+        for _ in range(args.every):
+            batch = torch.randint(0, len(x), (32,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x[batch]), y[batch]).backward()
+            opt.step()
         rss = torch.tensor([proc.memory_info().rss / 2**20])
         samples.append({"step": done, "rss_mib": hvd.allgather(rss, name=f"rss{done}").tolist(),
                         "states": len(gs.local_state_dict()["tensors"])})

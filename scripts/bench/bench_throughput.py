@@ -1,14 +1,14 @@
 """Steps per second of one method variant training the byte-level LSTM language model
 (``workloads.LstmLM``) on the standard library's ``.py`` sources (``workloads.stdlib_text``,
-this rank's shard of the training files). Launched by ``scripts/bench_throughput.sh`` on ranks
+this rank's shard of the training files). Launched by ``scripts/bench/bench_throughput.sh`` on ranks
 in separate network namespaces; runs as well under plain horovodrun (a smoke test):
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench_throughput.py --hidden 32 --steps 2 --warmup 1
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/bench_throughput.py --hidden 32 --steps 2 --warmup 1
 
 One launch runs a phase per link setting (``--labels``; with ``--sync`` it waits between phases
 while the .sh reshapes the links), each ``--warmup`` untimed then ``--steps`` timed steps.
 Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``options``,
-``variant`` as ``scripts/cost_model.py`` parses it), ``label`` (the link setting) and
+``variant`` as ``scripts/bench/cost_model.py`` parses it), ``label`` (the link setting) and
 ``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
 (``[kind, payload bytes]``, :mod:`gs_horovod.wire`'s kinds) from the method's meter.
 
@@ -16,10 +16,10 @@ The full run (the headline variants; 3 repeats × 20 timed steps per cell; estim
 the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
 per step measured here under other jobs' load, not an idle timing of the whole run):
 
-    RATIO=0.001 bash scripts/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
+    RATIO=0.001 bash scripts/bench/bench_throughput.sh docs/throughput_lm.jsonl "100mbit 1gbit" \
         "gs gtopk gtopk:scope=layer topk sketched powersgd:rank=1 powersgd:rank=4 none fp16" "2 4" 3 \
         --hidden 512 --steps 20 --warmup 2
-    python scripts/cost_model.py --validate docs/throughput_lm.jsonl
+    python scripts/bench/cost_model.py --validate docs/throughput_lm.jsonl
 
 Why these sizes: 54 launches (3 repeats × 2 P × 9 variants) of 3 phases each. A launch costs
 6–8 s of CPU per rank before its first timed step (imports, MPI and Horovod init, Numba's
@@ -36,7 +36,6 @@ link speed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -45,11 +44,11 @@ from typing import Optional
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
-from cost_model import variant_word
-from demo_common import add_compression_flags, method_options, torch_distributed_optimizer
-from workloads import LstmLM, stdlib_text, text_batch
 
 from gs_horovod.baselines import ALL_METHODS
+from gs_horovod.bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
+from gs_horovod.bench.variants import variant_word
+from gs_horovod.bench.workloads import LstmLM, stdlib_text, text_batch
 
 
 def wait_for_links(sync: Optional[Path], label: str) -> None:
@@ -118,10 +117,7 @@ def main() -> None:
                "steps": args.steps, "seconds": seconds, "steps_per_s": args.steps / seconds,
                "bytes_per_step": payload, "wire_bytes_per_step": wire,
                "collectives": [list(c) for c in meter.collectives()]}
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        append_jsonl(args.out, row)
 
 
 if __name__ == "__main__":

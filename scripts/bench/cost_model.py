@@ -6,10 +6,10 @@ communication round the method takes, α + bytes/β.
 
 The rounds of each collective (ring allreduce, tree, ring allgather, pairwise, star gather,
 binomial broadcast) are :func:`gs_horovod.wire.rounds`. A method variant is a word as
-``scripts/bench_throughput.sh`` takes it: ``METHOD[:NAME=VALUE,...]`` with the baseline's
+``scripts/bench/bench_throughput.sh`` takes it: ``METHOD[:NAME=VALUE,...]`` with the baseline's
 constructor options or GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``).
 
-``--validate RESULTS.jsonl`` (the rows of ``scripts/bench_throughput.sh``):
+``--validate RESULTS.jsonl`` (the rows of ``scripts/bench/bench_throughput.sh``):
 
 1. Measured steps/s per rank count: per variant and link setting the median over the repeats
    with min–max, and gs-SGD's steps/s ÷ each variant's at every shaped link.
@@ -31,15 +31,13 @@ BERT-large (335M), their parameter shapes written out below, on GPU-class comput
 collectives come from the shapes alone: the baselines' ``Exchange.planned``, gs-SGD's
 ``Layout.payload_bytes``. Prints gs-SGD's speed-up over each variant; ``--plot`` draws it.
 
-    python scripts/cost_model.py --validate docs/throughput_lm.jsonl
-    python scripts/cost_model.py --project --plot docs/projection.png --out docs/projection.json
+    python scripts/bench/cost_model.py --validate docs/throughput_lm.jsonl
+    python scripts/bench/cost_model.py --project --plot docs/projection.png --out docs/projection.json
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import json
 import math
 import statistics
@@ -48,102 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from gs_horovod.baselines import ALL_METHODS, METHODS, Exchange, PowerSGD
-from gs_horovod.gs_sgd import GsConfig, Layout
+from gs_horovod.bench.variants import exchange, gs_config, parse_variant, planned, variant_label
 from gs_horovod.wire import Collective, rounds
 
 Collectives = list[Collective]
 SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
 HEADLINE = ("gs", "gtopk", "gtopk:scope=layer", "topk", "sketched", "powersgd:rank=1", "powersgd:rank=4",
             "none", "fp16")
-NAMES = {"none": "dense", "fp16": "fp16", "gs": "gs-SGD", "topk": "top-k allgather", "gtopk": "gTop-k",
-         "sketched": "Sketched-SGD", "powersgd": "PowerSGD"}
-SCOPED = ("topk", "gtopk", "sketched")  # baselines whose label always names the scope
-
-
-# ---------------------------------------------------------------------------------------------
-# variants and their collectives
-
-
-def _literal(value: str) -> Any:
-    try:
-        return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return value
-
-
-def parse_variant(word: str) -> tuple[str, dict[str, Any]]:
-    """``METHOD[:NAME=VALUE,...]`` → (method, options); VALUE a Python literal, else a string."""
-    method, _, rest = word.partition(":")
-    if method not in ALL_METHODS:
-        raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r} in {word!r}")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"a variant's options are NAME=VALUE, got {item!r} in {word!r}")
-        options[name] = _literal(value)
-    return method, options
-
-
-def variant_word(method: str, options: dict[str, Any]) -> str:
-    """The canonical word of (method, options), options sorted: inverse of :func:`parse_variant`."""
-    return method + (":" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) if options else "")
-
-
-def variant_label(method: str, options: dict[str, Any]) -> str:
-    """A table label: "gTop-k (global)", "gTop-k (per tensor)", "PowerSGD r1", "gs-SGD", ..."""
-    rest = dict(options)
-    label = NAMES[method]
-    if method == "powersgd":
-        label += f" r{rest.pop('rank', inspect.signature(PowerSGD).parameters['rank'].default)}"
-    scope = rest.pop("scope", "global")
-    if method in SCOPED or scope != "global":
-        label += " (per tensor)" if scope == "layer" else f" ({scope})"
-    return label + "".join(f", {k}={v}" for k, v in sorted(rest.items()))
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-def takes_ratio(method: str) -> bool:
-    """Whether the method selects k = ratio · D coordinates (gs-SGD, top-k, gTop-k,
-    Sketched-SGD); dense, fp16 and PowerSGD take no ratio."""
-    return method == "gs" or (method in METHODS and "ratio" in inspect.signature(METHODS[method]).parameters)
-
-
-def exchange(method: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
-    """The baseline's :class:`~gs_horovod.baselines.Exchange` with these options (``ratio``
-    None: its default)."""
-    return METHODS[method](**({} if ratio is None else {"ratio": ratio}), **options)
-
-
-def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
-    """(GsConfig, merge) of GsSketch with these options."""
-    rest = dict(options)
-    merge = rest.pop("merge", "horovod")
-    return GsConfig(**({} if ratio is None else {"ratio": ratio}), **rest), merge
-
-
-def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]], ranks: int,
-            ratio: Optional[float] = None) -> Collectives:
-    """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
-    sizes alone, as each method's own code counts them: Horovod's dense (f32) or fp16 allreduce;
-    gs-SGD's sketch and exact-round allreduces (``Layout.split(...).payload_bytes``; tree merge
-    under merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records
-    them; a baseline's ``Exchange.planned``. ``ratio`` applies to the methods that take one
-    (:func:`takes_ratio`; None: their default)."""
-    ratio = ratio if takes_ratio(method) else None
-    if method in ("none", "fp16"):
-        return [("allreduce", float(sum(map(_numel, shapes)) * (2 if method == "fp16" else 4)))]
-    if method != "gs":
-        return exchange(method, options, ratio).planned(shapes, ranks)
-    config, merge = gs_config(options, ratio)
-    layout = Layout.split([(f"t{i:06d}", _numel(s)) for i, s in enumerate(shapes)], config)
-    sketch, exact, dense = layout.payload_bytes(config)
-    kind = "tree" if merge == "mpi" else "allreduce"
-    return [(kind, float(sketch)), (kind, float(exact + dense))]
 
 
 def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float) -> float:
@@ -189,7 +98,7 @@ def load(path: Path) -> tuple[dict[str, tuple[float, float]], dict[tuple[str, in
         elif r.get("kind") == "run":
             if "variant" not in r:
                 raise SystemExit(f"{path}: a run without 'variant' (written by an older bench_throughput.py, "
-                                 "whose options it cannot tell); rerun scripts/bench_throughput.sh")
+                                 "whose options it cannot tell); rerun scripts/bench/bench_throughput.sh")
             variant = r["variant"]
             key = (variant, r["ranks"], r["label"])
             if key not in cells:
@@ -286,7 +195,7 @@ def validate(path: Path) -> float:
               if c.label != "local" and c.label in links and (c.variant, c.ranks) in compute]
     if not shaped:
         raise SystemExit(f"{path} has no shaped run with a ping-pong at its rate and an unshaped run of its "
-                         "variant and P (scripts/bench_throughput.sh writes all three)")
+                         "variant and P (scripts/bench/bench_throughput.sh writes all three)")
     worst, counted = _predict_table(
         "Prediction (out-of-sample): shaped runs from the compute calibrated at the same P, the rate's α and β",
         [(c, a, b, k, comm_seconds(c.collectives, c.ranks, a, b)) for c, a, b, k in shaped])
@@ -325,7 +234,7 @@ class Model:
 
     @property
     def params(self) -> int:
-        return sum(map(_numel, self.shapes))
+        return sum(map(math.prod, self.shapes))
 
 
 def _resnet50_shapes() -> list[tuple[int, ...]]:
