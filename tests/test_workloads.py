@@ -145,20 +145,3 @@ def test_demo_passes_baseline_options_and_none_to_horovods_methods():
             method_options(p.parse_args(bad))
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         method_options(p.parse_args(["--compression", "gtopk", "--opt", "scope"]))
-
-
-def test_console_drops_tensorflow_start_up_notices_only():
-    from console import clean
-
-    banner = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-    cuda = b"I0000 00:00:1796303339.636060   21127 cudart_stub.cc:31] Could not find cuda drivers on your machine.\n"
-    onednn = b"I0000 00:00:1796303339.631607   21127 port.cc:153] oneDNN custom operations are on.\n"
-    for line in (banner, cuda, onednn, b"[1]<stderr>:" + cuda):
-        assert clean(line) == b""
-    error = b"E0000 00:00:1796303339.6 21127 cuda_dnn.cc:8579] Unable to register cuDNN factory\n"
-    warning = b"W0000 00:00:1796303339.6 21127 port.cc:153] something odd\n"
-    assert clean(error) == error and clean(warning) == warning
-    assert clean(b"[0]<stdout>:epoch 1\n") == b"epoch 1\n"
-    assert clean(b"[0]<stderr>:training: 50%\r") == b"training: 50%\r"
-    other_rank = b"[1]<stderr>:Traceback (most recent call last):\n"
-    assert clean(other_rank) == other_rank
