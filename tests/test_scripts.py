@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 
 from conftest import ROOT, horovodrun_command, mpirun_command, rank_env
 
+from gs_horovod.gs_sgd import GsConfig
+
 SCRIPTS = ROOT / "scripts"
 
 
@@ -128,28 +130,38 @@ def test_bench_sketch_quick(tmp_path: Path) -> None:
 
 
 def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
-    """``bench_recovery.py --quick`` (3 steps instead of 20) ends with the shipped gs against
-    gTop-k; ``--report`` of its records prints the tables and draws both plots."""
+    """``bench_recovery.py --quick`` (3 steps instead of 20, P = 4) runs the library's gs engine
+    and every baseline, prints the table and ends with the shipped gs against gTop-k;
+    ``--report`` of its records prints the tables and draws both plots."""
     records = tmp_path / "recovery.jsonl"
-    stdout = run_script("bench/bench_recovery.py", "--quick", "--steps", "3", "--out", str(records))
+    stdout = run_script("bench/bench_recovery.py", "--quick", "--ranks", "4", "--steps", "3", "--out", str(records))
     last = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"gs_vs_gtopk P=16 delivered_mass_ratio \d+\.\d{3} bytes_ratio \d+\.\d{3}", last), last
+    assert re.fullmatch(r"gs_vs_gtopk P=4 delivered_mass_ratio \d+\.\d{3} bytes_ratio \d+\.\d{3}", last), last
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     by_method = {r["method"]: r for r in rows}
-    assert {"dense", "exact top-k", "gTop-k", "gTop-k (global)", "top-k allgather", "Sketched-SGD", "gs global",
-            "gs layer"} == set(by_method)
-    assert all(r["P"] == 16 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
-    assert by_method["dense"]["payload"] == 4 * 50_432  # the digits MLP at hidden 256 (docs/design.md)
-    assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-5
-    assert all(0 < r["mass"] < math.inf for r in rows)
+    methods = {"dense", "exact top-k", "top-k allgather", "top-k allgather (global)", "gTop-k", "gTop-k (global)",
+               "Sketched-SGD", "PowerSGD", "gs global", "gs layer"}
+    assert methods == set(by_method)
+    assert all(f"| {m} " in stdout for m in methods)
+    assert all(r["P"] == 4 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
+    # the digits MLP at hidden 256: 50,432 compressed weights and 394 biases, one ring allreduce
+    assert by_method["dense"]["payload"] == 4 * (50_432 + 394)
+    assert by_method["dense"]["wire"] == 4 * 3 / 4 * by_method["dense"]["payload"]
+    assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-6 and by_method["exact top-k"]["wire"] is None
+    assert all(0 < r["mass"] < math.inf and (r["wire"] is None or r["wire"] > 0) for r in rows)
     # global gs with an exact round applies exact sums on k coordinates: at most the top k's mass
-    assert all(r["mass"] <= 1 + 1e-5 for r in rows if r.get("scope") == "global" and r.get("candidates"))
+    assert all(r["mass"] <= 1 + 1e-6 for r in rows if r.get("scope") == "global" and r.get("exact"))
+    defaults = GsConfig()
+    shipped = [r for r in rows if r["method"] == "gs global"
+               and all(r[f] == getattr(defaults, f) for f in ("rows", "width", "candidates", "prefilter",
+                                                               "sketch_dtype", "exact"))]
+    assert len(shipped) == 1 and shipped[0]["wire"] < by_method["dense"]["wire"] / 10
 
     plot, loss_plot = tmp_path / "recovery.png", tmp_path / "loss.png"
     report = run_script("bench/bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
                         str(loss_plot))
-    assert "### digits MLP, ratio 0.01, P = 16" in report and "### Shipped gs global vs gTop-k" in report
-    assert re.search(r"^\| digits MLP \| 0\.01 \| 16 \|", report, re.MULTILINE)
+    assert "### digits MLP, ratio 0.01, P = 4" in report and "### Shipped gs global vs gTop-k" in report
+    assert re.search(r"^\| digits MLP \| 0\.01 \| 4 \|", report, re.MULTILINE)
     assert plot.stat().st_size > 0 and loss_plot.stat().st_size > 0
 
 
