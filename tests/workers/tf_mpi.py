@@ -6,12 +6,11 @@ mpi4py inside the graph), one JSON file per rank.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
+from rank_result import write_result
 from sklearn.datasets import load_digits
 from tf_scenarios import Mlp, batch, digest, make_step, run
 
@@ -38,8 +37,7 @@ def main(out_dir: str) -> None:
         digests.append(digest(model))
     result["digests"] = digests
     result["merge_calls"] = compression.merge_stats.calls
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":

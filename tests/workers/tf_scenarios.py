@@ -10,7 +10,6 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Horovod 0.28.1's Keras layer needs tf-keras
 
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -18,6 +17,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from rank_result import write_result  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
@@ -175,8 +175,7 @@ def main(out_dir: str) -> None:
     result["mismatch_seed_error"] = _error(lambda: make_step(model, GsSketch(seed=hvd.rank(), min_size=64))(
         *batch(x, y, 0)))
 
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 def _error(fn) -> str | None:
