@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from rank_result import write_result
 from sklearn.datasets import load_digits
-from tf_scenarios import Mlp, batch, digest, make_step, run
+from tf_scenarios import Mlp, digests_after_each, make_step, run
 
 from gs_horovod.tensorflow import GsSketch
 
@@ -31,11 +31,7 @@ def main(out_dir: str) -> None:
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
     model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64)
     step = make_step(model, compression)
-    digests = []
-    for i in range(4):
-        step(*batch(x, y, i))
-        digests.append(digest(model))
-    result["digests"] = digests
+    result["digests"] = digests_after_each(model, step, x, y, 4)
     result["merge_calls"] = compression.merge_stats.calls
     write_result(out_dir, hvd.rank(), result)
 
