@@ -14,6 +14,7 @@ os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")  # no GPU here: CUDA kernels 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
+from workers.rank_result import result_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -52,7 +53,7 @@ def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str
     proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
     output = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}"
-    return [json.loads((out_dir / f"rank{r}.json").read_text()) for r in range(np_)]
+    return [json.loads(result_path(out_dir, r).read_text()) for r in range(np_)]
 
 
 @pytest.fixture

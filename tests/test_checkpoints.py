@@ -1,7 +1,9 @@
 """Checkpoints saved the Horovod way (every rank calls ``state_dict()``, rank 0 writes one
-file; after a restart rank 0 reads it and every rank calls ``load_state_dict``), at 2 and 3
-ranks, torch and TensorFlow; and the class form ``compression=GsSketch`` offering the
-instance's API. A 3-rank job also tries the 2-rank file: the world-size error on every rank."""
+file; after a restart rank 0 reads it and every rank calls ``load_state_dict``) and one file
+per rank (``local_state_dict``), at 2 and 3 ranks, torch and TensorFlow (one worker,
+``tests/workers/checkpoints.py``, the same scenarios for both); and the class form
+``compression=GsSketch`` offering the instance's API. A 3-rank job also tries the 2-rank file:
+the world-size error on every rank."""
 
 from __future__ import annotations
 
@@ -11,22 +13,22 @@ from conftest import horovodrun
 SIZES = (2, 3)
 
 
-def run_both_sizes(script: str, tmp_path_factory, timeout: float) -> dict[int, list[dict]]:
-    two = tmp_path_factory.mktemp(f"{script}2")
-    runs = {2: horovodrun(script, 2, "gloo", two, timeout=timeout)}
-    runs[3] = horovodrun(script, 3, "gloo", tmp_path_factory.mktemp(f"{script}3"), str(two / "checkpoint.pt"),
-                         timeout=timeout)
+def run_both_sizes(framework: str, tmp_path_factory, timeout: float) -> dict[int, list[dict]]:
+    two = tmp_path_factory.mktemp(f"{framework}2")
+    runs = {2: horovodrun("checkpoints.py", 2, "gloo", two, framework, timeout=timeout)}
+    runs[3] = horovodrun("checkpoints.py", 3, "gloo", tmp_path_factory.mktemp(f"{framework}3"), framework,
+                         str(two / "checkpoint.pt"), timeout=timeout)
     return runs
 
 
 @pytest.fixture(scope="module")
 def torch_runs(tmp_path_factory):
-    return run_both_sizes("torch_checkpoints.py", tmp_path_factory, 240)
+    return run_both_sizes("torch", tmp_path_factory, 240)
 
 
 @pytest.fixture(scope="module")
 def tf_runs(tmp_path_factory):
-    return run_both_sizes("tf_checkpoints.py", tmp_path_factory, 420)
+    return run_both_sizes("tf", tmp_path_factory, 420)
 
 
 @pytest.fixture(params=["torch", "tf"])
@@ -42,6 +44,20 @@ def test_rank0_file_resume_is_bitwise_the_uninterrupted_run(runs, size):
         # Gloo reduces in a fixed order, so the resumed run is bit for bit the straight one
         assert r["resumed"] == r["straight"]
     assert len({r["straight"] for r in runs[size]}) == 1
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_one_file_per_rank_resume_is_bitwise_the_uninterrupted_run(runs, size):
+    for r in runs[size]:
+        assert r["local_resumed"] == r["straight"]
+        assert r["local_wrong_options_error"] == "GsSketch state was saved with different options: seed=0 saved, 1 now"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_reset_forgets_state_and_training_goes_on(runs, size):
+    for r in runs[size]:
+        assert r["reset_total"] == 0
+        assert r["reset_then_steps"] == [1]  # new residuals, one step old
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -90,7 +106,7 @@ def test_class_form_offers_the_instance_api(runs, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_tf_stats_count_what_bytes_per_step_predicts(tf_runs, size):
-    for r in tf_runs[size]:
+def test_stats_count_what_bytes_per_step_predicts(runs, size):
+    for r in runs[size]:
         assert r["class_stats"]["sketch_bytes"] + r["class_stats"]["exact_bytes"] + r["class_stats"]["dense_bytes"] \
             == 3 * r["class_bytes_per_step"]

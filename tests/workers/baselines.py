@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import horovod.torch as hvd
 import torch
+from rank_result import write_result
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
 from gs_horovod.baselines import METHODS, ExchangeOptimizer, HorovodComm
@@ -50,8 +49,7 @@ def main(out_dir: str) -> None:
         result[f"{variant}_planned"] = planned
         result[f"{variant}_wire"] = comm.traffic.per_step()[1]
         result[f"{variant}_planned_wire"] = total_wire_bytes(planned, hvd.size())
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":

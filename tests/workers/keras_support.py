@@ -22,12 +22,12 @@ GROUP = sys.argv[2]
 os.environ["TF_USE_LEGACY_KERAS"] = "1" if GROUP == "tf_keras" else "0"
 
 import hashlib  # noqa: E402
-import json  # noqa: E402
 
 import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from rank_result import write_result  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
@@ -140,8 +140,7 @@ def main(out_dir: str, group: str) -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     keras = f"{tf.keras.__name__} {getattr(tf.keras, '__version__', '')}"
     result = {"rank": hvd.rank(), "keras": keras, **(keras3() if group == "keras3" else tf_keras())}
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
+from rank_result import write_result
 
 from gs_horovod.mpi import Communicators, MergeStats, tree_allreduce
 
@@ -43,8 +42,7 @@ def main(out_dir: str) -> None:
                     "is_leader": comms.leaders is not None,
                     "leaders": comms.leaders.Get_size() if comms.leaders is not None else None,
                 }
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":

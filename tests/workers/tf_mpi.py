@@ -6,14 +6,13 @@ mpi4py inside the graph), one JSON file per rank.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
+from rank_result import write_result
 from sklearn.datasets import load_digits
-from tf_scenarios import Mlp, batch, digest, make_step, run
+from tf_scenarios import Mlp, digests_after_each, make_step, run
 
 from gs_horovod.tensorflow import GsSketch
 
@@ -32,14 +31,9 @@ def main(out_dir: str) -> None:
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
     model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64)
     step = make_step(model, compression)
-    digests = []
-    for i in range(4):
-        step(*batch(x, y, i))
-        digests.append(digest(model))
-    result["digests"] = digests
+    result["digests"] = digests_after_each(model, step, x, y, 4)
     result["merge_calls"] = compression.merge_stats.calls
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ import os
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Horovod 0.28.1's Keras layer needs tf-keras
 
 import hashlib  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -18,6 +17,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from rank_result import write_result  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
@@ -62,6 +62,15 @@ def make_step(model: Mlp, compression, graph: bool = True, lr: float = 0.1):
     return tf.function(step) if graph else step
 
 
+def digests_after_each(model, step, x, y, steps: int) -> list[str]:
+    """Runs ``steps`` steps; the model's digest after each."""
+    out = []
+    for i in range(steps):
+        step(*batch(x, y, i))
+        out.append(digest(model))
+    return out
+
+
 def run(model, step, x, y, steps: range) -> None:
     for i in steps:
         step(*batch(x, y, i))
@@ -100,20 +109,12 @@ def main(out_dir: str) -> None:
         for exact in (True, False):
             model = Mlp(1)
             step = make_step(model, GsSketch(ratio=0.05, min_size=64, exact=exact), graph=graph)
-            digests = []
-            for i in range(6):
-                step(*batch(x, y, i))
-                digests.append(digest(model))
-            result[f"digests_graph_{graph}_exact_{exact}"] = digests
+            result[f"digests_graph_{graph}_exact_{exact}"] = digests_after_each(model, step, x, y, 6)
 
     # warm-up: 2 dense steps, then sketches; all ranks alike
     model, gs = Mlp(5), GsSketch(ratio=0.05, min_size=64, warmup_steps=2)
     step = make_step(model, gs)
-    digests = []
-    for i in range(4):
-        step(*batch(x, y, i))
-        digests.append(digest(model))
-    result["warmup_digests"] = digests
+    result["warmup_digests"] = digests_after_each(model, step, x, y, 4)
     result["warmup_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
     # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
@@ -175,8 +176,7 @@ def main(out_dir: str) -> None:
     result["mismatch_seed_error"] = _error(lambda: make_step(model, GsSketch(seed=hvd.rank(), min_size=64))(
         *batch(x, y, 0)))
 
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 def _error(fn) -> str | None:

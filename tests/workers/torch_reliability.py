@@ -9,14 +9,12 @@ Horovod.
 
 from __future__ import annotations
 
-import copy
-import json
-import os
 import sys
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from rank_result import write_result
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp
 
 from gs_horovod.torch import GsSketch
@@ -91,42 +89,6 @@ def selection_checksum(result: dict, x, y) -> None:
         result["check_every_error"] = f"step {i}: {e}"
 
 
-def resume(result: dict, x, y) -> None:
-    """2N steps straight vs N steps, state saved, new objects restored, N more steps."""
-    n = 6
-    options = dict(ratio=0.05, min_size=64, momentum=0.5)
-    model = mlp(9)
-    opt = distributed(model, "r.a.", GsSketch(**options))
-    for i in range(2 * n):
-        step(model, opt, x, y, i)
-    result["resume_straight"] = digest(model)
-
-    model = mlp(9)
-    gs = GsSketch(**options)
-    opt = distributed(model, "r.b.", gs)
-    for i in range(n):
-        step(model, opt, x, y, i)
-    saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "gs": gs.local_state_dict()})
-
-    model = mlp(123)  # different weights: everything must come from the checkpoint
-    model.load_state_dict(saved["model"])
-    gs = GsSketch(**options)
-    gs.load_local_state_dict(saved["gs"])  # one file per rank: the local, non-collective form
-    opt = distributed(model, "r.b.", gs)
-    opt.load_state_dict(saved["opt"])
-    for i in range(n, 2 * n):
-        step(model, opt, x, y, i)
-    result["resume_restored"] = digest(model)
-    gs.reset()  # as a Horovod elastic reset callback would: residuals start again
-    result["reset_tensors"] = len(gs.local_state_dict()["tensors"])
-    step(model, opt, x, y, 2 * n)
-    result["reset_then_steps"] = sorted({t["steps"] for t in gs.local_state_dict()["tensors"].values()})
-    try:
-        GsSketch(**{**options, "seed": 1}).load_local_state_dict(saved["gs"])
-    except ValueError as e:
-        result["resume_wrong_options_error"] = str(e)
-
-
 def odd_shapes(result: dict, x, y) -> None:
     """A 0-d parameter, an empty one, fp16 and fp32 tensors in one model, with min_size=1."""
 
@@ -159,10 +121,8 @@ def main(out_dir: str) -> None:
     result: dict = {"rank": hvd.rank()}
     nonfinite(result, x, y)
     selection_checksum(result, x, y)
-    resume(result, x, y)
     odd_shapes(result, x, y)
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,13 @@ The pytest side (tests/test_horovod_torch.py) reads the files and asserts.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import sys
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from rank_result import write_result
 from sklearn.datasets import load_digits
 
 from gs_horovod.torch import GsSketch
@@ -175,8 +174,7 @@ def main(out_dir: str, scenarios: str = "all") -> None:
         except Exception as e:  # noqa: BLE001 - the test reads which error each rank saw
             result[f"mismatch_{label}_error"] = f"{type(e).__name__}: {e}"
 
-    with open(os.path.join(out_dir, f"rank{hvd.rank()}.json"), "w") as f:
-        json.dump(result, f)
+    write_result(out_dir, hvd.rank(), result)
     hvd.shutdown()
 
 

@@ -1,0 +1,277 @@
+"""Runs under ``horovodrun``: checkpoints of GsSketch on real ranks, the same scenarios for
+torch and TensorFlow; one JSON per rank.
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py OUT_DIR {torch,tf} [OTHER_CKPT]
+
+- the Horovod way: every rank calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint.pt``
+  (a pickle); fresh objects, rank 0 reads it, every rank calls ``load_state_dict``;
+- one file per rank: ``local_state_dict()`` / ``load_local_state_dict()``, and ``reset()``;
+- the class form ``compression=GsSketch`` against an instance.
+OTHER_CKPT: a checkpoint written by a run with another number of ranks (its GsSketch state
+must be refused on every rank).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+from rank_result import write_result
+
+OPTIONS = dict(ratio=0.05, min_size=64, momentum=0.5)
+N = 4
+
+
+class TorchTrainer:
+    """An MLP on this rank's digits shard, SGD through Horovod's DistributedOptimizer."""
+
+    @staticmethod
+    def start() -> tuple[Any, type]:
+        import horovod.torch as hvd
+        import torch
+
+        from gs_horovod.torch import GsSketch
+
+        hvd.init()
+        torch.set_num_threads(1)
+        return hvd, GsSketch
+
+    def __init__(self, seed: int, gs: Any, saved: dict | None = None, from_rank0: bool = False) -> None:
+        """``saved``: what :meth:`weights` gave, loaded here; ``from_rank0``: only rank 0 has it
+        (None elsewhere) and broadcasts it."""
+        import horovod.torch as hvd
+        from torch_reliability import step
+        from torch_scenarios import digits_shard, distributed, mlp
+
+        self.x, self.y = digits_shard()
+        self.model, self._step = mlp(seed), step
+        if saved is not None:
+            self.model.load_state_dict(saved["model"])
+        if from_rank0:
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        self.opt = distributed(self.model, "r.", gs)
+        if saved is not None:
+            self.opt.load_state_dict(saved["opt"])
+        if from_rank0:
+            hvd.broadcast_optimizer_state(self.opt, root_rank=0)
+
+    def train(self, steps: range) -> None:
+        for i in steps:
+            self._step(self.model, self.opt, self.x, self.y, i)
+
+    def digest(self) -> str:
+        from torch_scenarios import digest
+
+        return digest(self.model)
+
+    def weights(self) -> dict:
+        return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict()})
+
+    def variables(self) -> list:
+        return list(self.model.parameters())
+
+    @staticmethod
+    def residuals(local: dict) -> dict[str, np.ndarray]:
+        return {n: t["residual"].numpy() for n, t in local["tensors"].items()}
+
+    @staticmethod
+    def steps(local: dict) -> list[int]:
+        return sorted(t["steps"] for t in local["tensors"].values())
+
+
+class TfTrainer:
+    """The same MLP and shard in TensorFlow, SGD through DistributedGradientTape."""
+
+    @staticmethod
+    def start() -> tuple[Any, type]:
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # as tf_scenarios: Horovod's Keras layer needs tf-keras
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        from gs_horovod.tensorflow import GsSketch
+
+        hvd.init()
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        return hvd, GsSketch
+
+    def __init__(self, seed: int, gs: Any, saved: dict | None = None, from_rank0: bool = False) -> None:
+        import horovod.tensorflow as hvd
+        from sklearn.datasets import load_digits
+        from tf_scenarios import Mlp, make_step
+
+        x, y = load_digits(return_X_y=True)
+        self.x = (x / 16.0).astype(np.float32)[hvd.rank()::hvd.size()]
+        self.y = y.astype(np.int64)[hvd.rank()::hvd.size()]
+        self.model = Mlp(seed)
+        if saved is not None:
+            for v, value in zip(self.model.variables, saved["model"]):
+                v.assign(value)
+        if from_rank0:
+            hvd.broadcast_variables(self.model.variables, root_rank=0)
+        self._step = make_step(self.model, gs)
+
+    def train(self, steps: range) -> None:
+        from tf_scenarios import run
+
+        run(self.model, self._step, self.x, self.y, steps)
+
+    def digest(self) -> str:
+        from tf_scenarios import digest
+
+        return digest(self.model)
+
+    def weights(self) -> dict:
+        return {"model": [v.numpy() for v in self.model.variables]}
+
+    def variables(self) -> list:
+        return list(self.model.trainable_variables)
+
+    @staticmethod
+    def residuals(local: dict) -> dict[str, np.ndarray]:
+        return {n: v["residual"] for n, v in local["variables"].items()}
+
+    @staticmethod
+    def steps(local: dict) -> list[int]:
+        return sorted(local["steps"].values())
+
+
+def load_gs(gs: Any, ckpt: dict | None) -> str | None:
+    """``gs.load_state_dict`` as every rank calls it; the error text, if any."""
+    try:
+        gs.load_state_dict(ckpt["gs"] if ckpt is not None else None)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def read(hvd: Any, path: str) -> dict | None:
+    """Rank 0 reads the checkpoint file; the other ranks get None."""
+    if hvd.rank() != 0:
+        return None
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def summary(trainer: type, local: dict) -> dict:
+    """Per tensor the sum of |residual|, and the sorted step counts."""
+    return {**{n: float(np.abs(r).sum()) for n, r in trainer.residuals(local).items()},
+            "steps": trainer.steps(local)}
+
+
+def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> None:
+    """2N steps straight vs N steps, saved by rank 0 only, fresh objects, N more steps."""
+    straight = trainer(9, GsSketch(**OPTIONS))
+    straight.train(range(2 * N))
+    result["straight"] = straight.digest()
+
+    gs = GsSketch(**OPTIONS)
+    first = trainer(9, gs)
+    first.train(range(N))
+    gs_state = gs.state_dict()  # a collective: every rank calls it
+    result["state_dict_is_none"] = gs_state is None
+    if hvd.rank() == 0:
+        with open(path, "wb") as f:
+            pickle.dump({**first.weights(), "gs": gs_state}, f)
+    own = trainer.residuals(gs.local_state_dict())
+
+    # a fresh process would start here: new objects, only rank 0 reads the file
+    hvd.broadcast_object(0, root_rank=0, name="file_written")  # the file is complete before anyone reads it
+    ckpt = read(hvd, path)
+    gs = GsSketch(**OPTIONS)
+    fresh = trainer(123, gs, ckpt, from_rank0=True)  # other weights: everything must come from the file
+    result["load_error"] = load_gs(gs, ckpt)
+    restored = trainer.residuals(gs.local_state_dict())
+    result["own_residuals_back"] = sorted(restored) == sorted(own) and all(
+        np.array_equal(restored[n], r) for n, r in own.items())
+    fresh.train(range(N, 2 * N))
+    result["resumed"] = fresh.digest()
+
+    # the old mistake, for contrast: rank 0's residuals loaded on every rank
+    part0 = hvd.broadcast_object(ckpt["gs"]["ranks"][0] if ckpt is not None else None, root_rank=0, name="part0")
+    weights = hvd.broadcast_object(None if ckpt is None else {k: v for k, v in ckpt.items() if k != "gs"},
+                                   root_rank=0, name="weights")
+    gs = GsSketch(**OPTIONS)
+    part0["rank"] = hvd.rank()
+    gs.load_local_state_dict(part0)
+    everywhere = trainer(123, gs, weights)
+    everywhere.train(range(N, 2 * N))
+    result["rank0_everywhere"] = everywhere.digest()
+
+    result["wrong_options_error"] = load_gs(GsSketch(**{**OPTIONS, "ratio": 0.1, "seed": 3}), ckpt)
+    result["local_state_to_collective_error"] = load_gs(
+        GsSketch(**OPTIONS), {"gs": gs.local_state_dict()} if hvd.rank() == 0 else None)
+    try:
+        GsSketch(**OPTIONS).load_local_state_dict(ckpt["gs"] if ckpt is not None else gs.local_state_dict())
+        result["local_gathered_error"] = None
+    except ValueError as e:
+        result["local_gathered_error"] = str(e)
+
+
+def resume_local(result: dict, GsSketch: type, trainer: type) -> None:
+    """One file per rank: N steps, ``local_state_dict()`` kept, new objects restored from it,
+    N more steps against 2N straight ones; then ``reset()`` and one step."""
+    gs = GsSketch(**OPTIONS)
+    first = trainer(9, gs)
+    first.train(range(N))
+    saved = {**first.weights(), "gs": copy.deepcopy(gs.local_state_dict())}
+    gs = GsSketch(**OPTIONS)
+    gs.load_local_state_dict(saved["gs"])
+    restored = trainer(123, gs, saved)
+    restored.train(range(N, 2 * N))
+    result["local_resumed"] = restored.digest()
+    gs.reset()  # as a Horovod elastic reset callback would: residuals start again
+    after = summary(trainer, gs.local_state_dict())
+    result["reset_total"] = sum(v for k, v in after.items() if k != "steps") + sum(after["steps"])
+    restored.train(range(2 * N, 2 * N + 1))
+    result["reset_then_steps"] = sorted(set(trainer.steps(gs.local_state_dict())))
+    try:
+        GsSketch(**{**OPTIONS, "seed": 1}).load_local_state_dict(saved["gs"])
+    except ValueError as e:
+        result["local_wrong_options_error"] = str(e)
+
+
+def other_world_size(result: dict, hvd: Any, GsSketch: type, path: str) -> None:
+    result["world_size_error"] = load_gs(GsSketch(**OPTIONS), read(hvd, path))
+
+
+def class_form(result: dict, GsSketch: type, trainer: type) -> None:
+    """``compression=GsSketch`` (the class) against an instance with the same (default) options."""
+    instance = GsSketch()
+    for form, gs in (("class", GsSketch), ("instance", instance)):
+        run = trainer(11, gs)
+        run.train(range(3))
+        result[f"{form}_digest"] = run.digest()
+        result[f"{form}_bytes_per_step"] = gs.bytes_per_step(run.variables())
+        state = gs.state_dict()
+        result[f"{form}_stats"] = asdict(gs.stats)
+        result[f"{form}_merge_stats"] = asdict(gs.merge_stats)
+        result[f"{form}_gathered_ranks"] = None if state is None else len(state["ranks"])
+        local = gs.local_state_dict()
+        result[f"{form}_local"] = summary(trainer, local)
+        gs.reset()
+        after = summary(trainer, gs.local_state_dict())
+        result[f"{form}_after_reset"] = sum(v for k, v in after.items() if k != "steps") + sum(after["steps"])
+        gs.load_state_dict(state)
+        result[f"{form}_reloaded"] = summary(trainer, gs.local_state_dict())
+        gs.load_local_state_dict(local)
+
+
+def main(out_dir: str, framework: str, other: str | None = None) -> None:
+    trainer = {"torch": TorchTrainer, "tf": TfTrainer}[framework]
+    hvd, GsSketch = trainer.start()
+    result: dict = {"rank": hvd.rank(), "size": hvd.size()}
+    resume(result, hvd, GsSketch, trainer, os.path.join(out_dir, "checkpoint.pt"))
+    resume_local(result, GsSketch, trainer)
+    if other:
+        other_world_size(result, hvd, GsSketch, other)
+    class_form(result, GsSketch, trainer)
+    write_result(out_dir, hvd.rank(), result)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
