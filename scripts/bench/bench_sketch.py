@@ -32,7 +32,7 @@ from typing import Callable
 import numba
 import torch
 
-from gs_horovod.gs_sgd import GsConfig
+from gs_horovod.gs_sgd import GsConfig, count_for
 from gs_horovod.kernels import torch_ops
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 
@@ -89,7 +89,7 @@ def reference(a: torch.Tensor, merged: torch.Tensor, rows: int, cols: int, count
 
 def measure(log2d: int, ratio: float, args: argparse.Namespace) -> dict:
     d = 1 << log2d
-    k = max(1, math.ceil(ratio * d))
+    k = count_for(ratio, d)
     lk, count, cols = min(d, math.ceil(args.prefilter * k)), min(d, args.candidates * k), math.ceil(args.width * k)
     rows, backend, keys, reps = args.rows, args.backend, hash_keys(0), args.reps
     g = torch.Generator().manual_seed(0)
