@@ -58,11 +58,16 @@ def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str
     return run_workers(cmd, np_, out_dir, timeout)
 
 
+def torchrun_command(np_: int) -> list[str]:
+    """``torchrun`` (this venv's) on ``np_`` local ranks (``--standalone``: a free port); the
+    program (``python``, ``--no-python``) and its arguments go after it."""
+    return [launcher("torchrun"), "--standalone", "--nproc_per_node", str(np_), "--no-python"]
+
+
 def torchrun(script: str, np_: int, out_dir: Path, *args: str, timeout: float = 240) -> list[dict]:
-    """Runs ``tests/workers/<script>`` under this venv's ``torchrun`` on ``np_`` local ranks
-    (``--standalone``: a free port) and returns each rank's JSON result."""
-    cmd = [launcher("torchrun"), "--standalone", "--nproc_per_node", str(np_), str(WORKERS / script), str(out_dir),
-           *args]
+    """Runs ``tests/workers/<script>`` under ``torchrun`` on ``np_`` local ranks and returns
+    each rank's JSON result."""
+    cmd = [*torchrun_command(np_), sys.executable, str(WORKERS / script), str(out_dir), *args]
     return run_workers(cmd, np_, out_dir, timeout)
 
 
