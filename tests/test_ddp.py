@@ -105,3 +105,11 @@ def test_torch_compiled_ddp_model_runs_the_hook(ranks):
         assert "compile_error" not in r, r.get("compile_error")
         assert r["compile_steps"] == 3
         assert r["compile_max_abs_diff"] <= 1e-5  # compiled kernels against eager default DDP
+
+
+def test_powersgd_bytes_as_counted_for_the_benchmarks(ranks):
+    if len(ranks) != 2:
+        pytest.skip("run in the 2-rank job")
+    for r in ranks:
+        # 2 dense steps (start_powerSGD_iter), then P, Q and the uncompressed tensors per bucket
+        assert r["powersgd_counted_bytes"] == r["powersgd_expected_bytes"] > 0

@@ -184,13 +184,14 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
     assert any(line.startswith(f"summary (2 ranks, --compression {compression})") for line in lines)
 
 
-def test_train_lm_tiny(tmp_path: Path) -> None:
-    """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM: a held-out
-    perplexity per interval and GsSketch's bytes under dense."""
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
+    """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM (and the same under
+    torchrun: DDP with gs_hook): a held-out perplexity per interval and gs's bytes under dense."""
     out = tmp_path / "history.json"
     run_script("examples/train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
                "--batch-size", "2", "--seq", "16", "--eval-windows", "2", "--eval-seq", "32", "--json", str(out),
-               launcher=horovodrun_command(2, "gloo"))
+               launcher=horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2))
     result = json.loads(out.read_text())
     assert [h["epoch"] for h in result["history"]] == [1, 2]
     assert all(1 < h["perplexity"] < 1000 for h in result["history"])

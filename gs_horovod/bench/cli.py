@@ -106,10 +106,14 @@ class HorovodRanks:
         hvd.init()
         self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
 
-    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any) -> tuple[Any, Any, Any]:
-        """(the model to call, the optimizer to step, its Meter); rank 0's weights everywhere."""
+    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
+                   optimizer_state: bool = True) -> tuple[Any, Any, Any]:
+        """(the model to call, the optimizer to step, its Meter); rank 0's weights everywhere, and
+        its optimizer state with ``optimizer_state`` (Horovod makes Adam's state by a zero step,
+        so the LM leaves it out)."""
         self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        if optimizer_state:
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         return (model, *torch_distributed_optimizer(args, optimizer, model.named_parameters()))
 
     def min(self, value: int) -> int:
@@ -134,7 +138,10 @@ class TorchRanks:
         dist.init_process_group("gloo")
         self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
 
-    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any) -> tuple[Any, Any, Any]:
+    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
+                   optimizer_state: bool = True) -> tuple[Any, Any, Any]:
+        """As :meth:`HorovodRanks.distribute`; every rank's optimizer starts alike (DDP keeps
+        the weights equal, so no optimizer state is sent)."""
         from torch.nn.parallel import DistributedDataParallel
 
         from .ddp_hooks import register_hook

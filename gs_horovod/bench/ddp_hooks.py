@@ -49,13 +49,18 @@ def register_hook(method: str, ddp_model: Any, module: torch.nn.Module, ratio: f
     rename = {"matrix_approximation_rank": options.pop("rank")} if "rank" in options else {}
     state = powerSGD_hook.PowerSGDState(None, **{"start_powerSGD_iter": 2, **options, **rename})
     traffic = Traffic(size)
+    previous: list[torch.futures.Future] = []
 
     def counted(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if previous:  # gloo: one bucket's chain of allreduces at a time (see powersgd_collectives)
+            previous.pop().wait()
         for collective in powersgd_collectives(state, bucket):
             traffic.add(*collective)
         future = powerSGD_hook.powerSGD_hook(state, bucket)
         if bucket.is_last():
             traffic.end_step()
+        else:
+            previous.append(future)
         return future
 
     ddp_model.register_comm_hook(state, counted)
@@ -66,7 +71,13 @@ def powersgd_collectives(state: Any, bucket: Any) -> list[Collective]:
     """The allreduces ``powerSGD_hook`` issues for ``bucket`` (payload bytes per rank): the whole
     buffer before ``start_powerSGD_iter``; then the uncompressed tensors, P (n×r) and Q (m×r)
     of the compressed ones (an n×m gradient is compressed when (n + m)·r·min_compression_rate
-    < n·m, r = min(n, m, rank)), as torch's hook decides."""
+    < n·m, r = min(n, m, rank)), as torch's hook decides.
+
+    torch's hook issues a bucket's P and Q allreduces from callbacks of the previous allreduce;
+    with two buckets in flight over gloo, ranks interleaved the two chains differently and gloo
+    aborted ("Received data size doesn't match expected size", torch 2.13, 2 ranks, the MNIST
+    CNN in 2 buckets). :func:`register_hook` therefore waits for a bucket's future before it
+    runs the next bucket's hook."""
     buffer = bucket.buffer()
     itemsize = buffer.element_size()
     if state.iter < state.start_powerSGD_iter:

@@ -255,6 +255,20 @@ def idioms(result: dict, rank: int) -> None:
         result["compile_error"] = f"{type(e).__name__}: {str(e)[:400]}"
 
 
+def powersgd_bytes(result: dict, rank: int) -> None:
+    """bench.ddp_hooks' count of PowerSGD's bytes against PowerSGDState's own element counts."""
+    from gs_horovod.bench.ddp_hooks import register_hook
+
+    module = mlp(8)
+    model = ddp(module)
+    meter = register_hook("powersgd", model, module, rank=1)
+    run(module, model, range(4), rank)
+    state = model._comm_hooks[-1][1]  # the PowerSGDState register_hook made
+    dense = sum(p.numel() for p in module.parameters())
+    result["powersgd_counted_bytes"] = meter.per_step()[0] * 4
+    result["powersgd_expected_bytes"] = 4 * (state.start_powerSGD_iter * dense + state.total_numel_after_compression)
+
+
 def main(out_dir: str, scenarios: str = "all") -> None:
     if scenarios == "horovod":
         horovod_updates(out_dir)
@@ -270,6 +284,7 @@ def main(out_dir: str, scenarios: str = "all") -> None:
     resume(result, rank, out_dir)
     if scenarios == "all":
         idioms(result, rank)
+        powersgd_bytes(result, rank)
     nonfinite(result, rank)  # last: they leave their DDP models mid-step
     mismatch(result, rank)
     write_result(out_dir, rank, result)
