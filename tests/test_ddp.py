@@ -113,3 +113,27 @@ def test_powersgd_bytes_as_counted_for_the_benchmarks(ranks):
     for r in ranks:
         # 2 dense steps (start_powerSGD_iter), then P, Q and the uncompressed tensors per bucket
         assert r["powersgd_counted_bytes"] == r["powersgd_expected_bytes"] > 0
+
+
+def test_bad_input_names_the_parameter(tmp_path):
+    """In this process, on a 1-rank gloo group: a model that is not a module, an unknown option
+    and an option out of range each raise naming it; before init_process_group, a clear error."""
+    import torch
+    import torch.distributed as dist
+
+    from gs_horovod.ddp import GsState
+
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        GsState(model)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(TypeError, match="model must be a torch.nn.Module, got dict"):
+            GsState({"weight": model.weight})
+        with pytest.raises(TypeError, match=r"GsState got unknown option\(s\) \['raito'\]; allowed: .*'ratio'"):
+            GsState(model, raito=0.1)
+        with pytest.raises(ValueError, match=r"ratio must be in \(0.0, 1.0\], got 2"):
+            GsState(model, ratio=2)
+        assert repr(GsState(model, ratio=0.5)).startswith("GsState(GsConfig(scope='global', ratio=0.5")
+    finally:
+        dist.destroy_process_group()
