@@ -82,3 +82,50 @@ def scatter_state(state: Any, exchange: Exchange, rank: int, size: int, options:
         where = "" if len(failed) == size and len(set(errors)) == 1 else f" (on rank(s) {failed} of {size})"
         raise ValueError(first + where)
     return part
+
+
+class CheckpointApi:
+    """``state_dict`` / ``load_state_dict`` / ``load_local_state_dict``, written once for every
+    adapter. A subclass provides ``local_state_dict()``, ``_load(state)`` (takes one rank's
+    state), ``_options()`` (what must match on load), ``_rank()``, ``_size()`` and
+    ``_exchange`` (an :data:`Exchange` over its ranks)."""
+
+    def local_state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _options(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _rank(self) -> int:
+        raise NotImplementedError
+
+    def _size(self) -> int:
+        raise NotImplementedError
+
+    def _exchange(self, out: list[bytes]) -> list[bytes]:
+        raise NotImplementedError
+
+    def state_dict(self) -> Optional[dict[str, Any]]:
+        """Collective (call it on every rank, at the same point; eagerly under TF): the state of
+        ALL ranks, gathered on rank 0, which saves it as the framework's examples save the model;
+        None on the other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict()
+        of rank 0, 1, ...]}``."""
+        return gather_state(self.local_state_dict(), self._exchange, self._rank(), self._size())
+
+    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
+        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
+        its file), the other ranks None (what they pass is not read); each rank gets its own
+        residuals back, now or when its state is first created. A state of another world size
+        or other options raises ValueError on every rank."""
+        self._load(scatter_state(state, self._exchange, self._rank(), self._size(), self._options()))
+
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        """Not collective: restores what ``local_state_dict`` saved on this rank. The options and
+        the world size must be the ones it was saved with (ValueError naming what differs)."""
+        error = check_local_state(state, self._options(), self._size())
+        if error:
+            raise ValueError(error)
+        self._load(state)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, fields
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 
 from .array_ops import Array, ArrayOps
-from .checkpoint import check_local_state, gather_state, scatter_state
+from .checkpoint import CheckpointApi
 from .gs_sgd import GsConfig, Layout
 from .mpi import MergeStats
 
@@ -42,13 +42,13 @@ class DefaultInstanceMethod:
         return self.fn.__get__(obj if obj is not None else cls.default(), cls)
 
 
-def config_from(options: dict[str, Any], extra: tuple[str, ...] = ()) -> GsConfig:
-    """A validated GsConfig from keyword options; unknown names are a TypeError listing the
-    allowed ones (``extra``: adapter-level options the caller already took out)."""
+def config_from(options: dict[str, Any], extra: tuple[str, ...] = (), owner: str = "GsSketch") -> GsConfig:
+    """A validated GsConfig from keyword options; unknown names are a TypeError naming ``owner``
+    and listing the allowed ones (``extra``: adapter-level options the caller already took out)."""
     allowed = {f.name for f in fields(GsConfig)}
     unknown = sorted(set(options) - allowed)
     if unknown:
-        raise TypeError(f"GsSketch got unknown option(s) {unknown}; allowed: {sorted(allowed | set(extra))}")
+        raise TypeError(f"{owner} got unknown option(s) {unknown}; allowed: {sorted(allowed | set(extra))}")
     return GsConfig(**options)
 
 
@@ -135,7 +135,7 @@ class MpiCollectives(HorovodCollectives):
         return total / size if average and not half else total
 
 
-class GsSketchBase(DefaultInstance):
+class GsSketchBase(CheckpointApi, DefaultInstance):
     """What both GsSketch compressors share. A subclass provides ``_hvd`` (its horovod module),
     ``_make_ops()``, ``_tree_allreduce`` (a :data:`TreeAllreduce`), ``_describe(tensor)``,
     ``local_state_dict()`` and ``_load(state)``.
@@ -209,27 +209,12 @@ class GsSketchBase(DefaultInstance):
         buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
         return [buf[end - n:end] for n, end in zip(sizes, np.cumsum(sizes).tolist())]
 
-    @DefaultInstanceMethod
-    def state_dict(self) -> Optional[dict[str, Any]]:
-        """Collective (call it on every rank, at the same point; eagerly under TF): the state of
-        ALL ranks, gathered on rank 0, which saves it as Horovod's examples save the model; None
-        on the other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict()
-        of rank 0, 1, ...]}``."""
-        return gather_state(self.local_state_dict(), self._exchange, self._hvd.rank(), self._hvd.size())
+    def _rank(self) -> int:
+        return self._hvd.rank()
 
-    @DefaultInstanceMethod
-    def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
-        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
-        its file), the other ranks None (what they pass is not read); each rank gets its own
-        residuals back, now or when its state is first created. A state of another world size
-        or other options raises ValueError on every rank."""
-        self._load(scatter_state(state, self._exchange, self._hvd.rank(), self._hvd.size(), self._options()))
+    def _size(self) -> int:
+        return self._hvd.size()
 
-    @DefaultInstanceMethod
-    def load_local_state_dict(self, state: dict[str, Any]) -> None:
-        """Not collective: restores what ``local_state_dict`` saved on this rank. The options and
-        the world size must be the ones it was saved with (ValueError naming what differs)."""
-        error = check_local_state(state, self._options(), self._hvd.size())
-        if error:
-            raise ValueError(error)
-        self._load(state)
+    state_dict = DefaultInstanceMethod(CheckpointApi.state_dict)
+    load_state_dict = DefaultInstanceMethod(CheckpointApi.load_state_dict)
+    load_local_state_dict = DefaultInstanceMethod(CheckpointApi.load_local_state_dict)

@@ -1,5 +1,5 @@
 """Shared set-up: the CUDA simulator for the Numba CUDA kernels, quiet TensorFlow, and a
-helper that runs a worker script under a real ``horovodrun``."""
+helper that runs a worker script under a real ``horovodrun`` or ``torchrun``."""
 
 from __future__ import annotations
 
@@ -20,12 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 
 
+def launcher(name: str) -> str:
+    """The path of this venv's ``name`` (horovodrun, torchrun), else the one on PATH."""
+    found = shutil.which(name, path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    assert found, f"{name} is not installed (run scripts/setup_env.sh)"
+    return found
+
+
 def horovodrun_command(np_: int, controller: str) -> list[str]:
     """``horovodrun`` (this venv's) on ``np_`` ranks of localhost with ``--gloo`` or ``--mpi``
     (oversubscribed, unbound); the program and its arguments go after it."""
-    launcher = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    assert launcher, "horovodrun is not installed (run scripts/setup_env.sh)"
-    cmd = [launcher, "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
+    cmd = [launcher("horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", f"--{controller}"]
     if controller == "mpi":
         cmd += ["--mpi-args=--oversubscribe --bind-to none"]
     return cmd
@@ -50,7 +55,27 @@ def horovodrun(script: str, np_: int, controller: str, out_dir: Path, *args: str
     """Runs ``tests/workers/<script>`` on ``np_`` ranks of localhost with ``--gloo`` or
     ``--mpi`` and returns each rank's JSON result (``<out_dir>/rank<r>.json``)."""
     cmd = [*horovodrun_command(np_, controller), sys.executable, str(WORKERS / script), str(out_dir), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    return run_workers(cmd, np_, out_dir, timeout)
+
+
+def torchrun_command(np_: int) -> list[str]:
+    """``torchrun`` (this venv's) on ``np_`` local ranks (``--standalone``: a free port); the
+    program (``python``, ``--no-python``) and its arguments go after it."""
+    return [launcher("torchrun"), "--standalone", "--nproc_per_node", str(np_), "--no-python"]
+
+
+def torchrun(script: str, np_: int, out_dir: Path, *args: str, timeout: float = 240) -> list[dict]:
+    """Runs ``tests/workers/<script>`` under ``torchrun`` on ``np_`` local ranks and returns
+    each rank's JSON result."""
+    cmd = [*torchrun_command(np_), sys.executable, str(WORKERS / script), str(out_dir), *args]
+    return run_workers(cmd, np_, out_dir, timeout)
+
+
+def run_workers(cmd: list[str], np_: int, out_dir: Path, timeout: float) -> list[dict]:
+    """Runs a launcher command line; asserts it succeeded and reads ``np_`` ranks' results."""
+    env = rank_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     output = f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}"
     return [json.loads(result_path(out_dir, r).read_text()) for r in range(np_)]

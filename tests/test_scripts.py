@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from conftest import ROOT, horovodrun_command, mpirun_command, rank_env
+import pytest
+from conftest import ROOT, horovodrun_command, mpirun_command, rank_env, torchrun_command
 
 from gs_horovod.gs_sgd import GsConfig
 
@@ -165,26 +166,32 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert plot.stat().st_size > 0 and loss_plot.stat().st_size > 0
 
 
-def test_train_torch_mlp(tmp_path: Path) -> None:
-    """``horovodrun -np 2 ... train_torch.py --model mlp --epochs 1 --json F``: one epoch with
-    GsSketch, fewer bytes per step than dense."""
+@pytest.mark.parametrize("launcher, compression", [("horovodrun", "gs"), ("torchrun", "gs"),
+                                                   ("torchrun", "powersgd")])
+def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> None:
+    """``horovodrun -np 2 ... train_torch.py --model mlp --epochs 1 --json F`` (GsSketch), and the
+    same under ``torchrun`` (DDP with gs_hook, or torch's PowerSGD hook): one epoch, fewer bytes
+    per step than dense."""
     out = tmp_path / "history.json"
+    command = horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2)
     stdout = run_script("examples/train_torch.py", "--model", "mlp", "--epochs", "1", "--json", str(out),
-                        launcher=horovodrun_command(2, "gloo"))
+                        "--compression", compression, launcher=command)
     result = json.loads(out.read_text())
     (epoch,) = result["history"]
     assert result["ranks"] == 2 and 0 <= epoch["accuracy"] <= 1 and math.isfinite(epoch["loss"])
     assert 0 < epoch["bytes_per_step"] < result["dense_bytes_per_step"]
-    assert any(line.startswith("summary (2 ranks, --compression gs)") for line in rank0_lines(stdout))
+    lines = rank0_lines(stdout) if launcher == "horovodrun" else stdout.splitlines()
+    assert any(line.startswith(f"summary (2 ranks, --compression {compression})") for line in lines)
 
 
-def test_train_lm_tiny(tmp_path: Path) -> None:
-    """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM: a held-out
-    perplexity per interval and GsSketch's bytes under dense."""
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
+    """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM (and the same under
+    torchrun: DDP with gs_hook): a held-out perplexity per interval and gs's bytes under dense."""
     out = tmp_path / "history.json"
     run_script("examples/train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
                "--batch-size", "2", "--seq", "16", "--eval-windows", "2", "--eval-seq", "32", "--json", str(out),
-               launcher=horovodrun_command(2, "gloo"))
+               launcher=horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2))
     result = json.loads(out.read_text())
     assert [h["epoch"] for h in result["history"]] == [1, 2]
     assert all(1 < h["perplexity"] < 1000 for h in result["history"])

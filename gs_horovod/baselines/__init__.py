@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..state import CommStats
 from ..wire import Collective, Traffic, total_wire_bytes
 from .comm import Comm, HorovodComm
 from .exchange import Exchange, ExchangeOptimizer
@@ -59,6 +60,24 @@ class Meter:
         """The meter of a baseline's counted traffic: means over every step so far."""
         return cls(traffic.ranks, lambda: traffic.last_step, traffic.per_step)
 
+    @classmethod
+    def of_gs(cls, stats: CommStats, ranks: int, kind: str = "allreduce") -> Meter:
+        """gs-SGD's meter from its :class:`CommStats`: per step (means so far) the sketch merge
+        and the exact round (with the small tensors), each one ``kind`` collective."""
+
+        def step() -> list[Collective]:
+            steps = max(1, stats.steps)
+            return [(kind, stats.sketch_bytes / steps), (kind, (stats.exact_bytes + stats.dense_bytes) / steps)]
+
+        return cls(ranks, step)
+
+    @classmethod
+    def dense(cls, parameters: list[Any], ranks: int, itemsize: int | None = None) -> Meter:
+        """One allreduce of every parameter's gradient, at ``itemsize`` bytes an element (None:
+        each parameter's own)."""
+        nbytes = float(sum(p.numel() * (itemsize or p.element_size()) for p in parameters))
+        return cls(ranks, lambda: [("allreduce", nbytes)])
+
 
 def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ratio: float | None = None,
                           **options: Any) -> tuple[Any, Meter]:
@@ -81,20 +100,12 @@ def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ra
         return ExchangeOptimizer(optimizer, named, exchange, comm), Meter.of_traffic(comm.traffic)
     if method == "gs":
         gs = GsSketch(**ratio_arg, **options)
-        kind = "tree" if options.get("merge") == "mpi" else "allreduce"
-
-        def gs_step() -> list[Collective]:
-            s, steps = gs.stats, max(1, gs.stats.steps)
-            return [(kind, s.sketch_bytes / steps), (kind, (s.exact_bytes + s.dense_bytes) / steps)]
-
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
-        return opt, Meter(hvd.size(), gs_step)
+        return opt, Meter.of_gs(gs.stats, hvd.size(), "tree" if options.get("merge") == "mpi" else "allreduce")
     if method not in ("none", "fp16"):
         raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r}")
     if options or ratio is not None:
         raise ValueError(f"method {method!r} takes no ratio or options, got ratio={ratio}, {options}")
-    dense = sum(p.numel() * p.element_size() for _, p in named) // (2 if method == "fp16" else 1)
     compression = hvd.Compression.fp16 if method == "fp16" else hvd.Compression.none
     return (hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression),
-            Meter(hvd.size(), lambda: [("allreduce", float(dense))]))
-
+            Meter.dense([p for _, p in named], hvd.size(), 2 if method == "fp16" else None))

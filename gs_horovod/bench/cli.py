@@ -96,6 +96,81 @@ def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_
     return distributed_optimizer(args.compression, optimizer, list(named_parameters), ratio, **options)
 
 
+class HorovodRanks:
+    """A torch demo's ranks under horovodrun: init, the model and optimizer made distributed
+    (:func:`torch_distributed_optimizer`), the min and mean of a number over ranks."""
+
+    def __init__(self) -> None:
+        import horovod.torch as hvd
+
+        hvd.init()
+        self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+
+    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
+                   optimizer_state: bool = True) -> tuple[Any, Any, Any]:
+        """(the model to call, the optimizer to step, its Meter); rank 0's weights everywhere, and
+        its optimizer state with ``optimizer_state`` (Horovod makes Adam's state by a zero step,
+        so the LM leaves it out)."""
+        self.hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        if optimizer_state:
+            self.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        return (model, *torch_distributed_optimizer(args, optimizer, model.named_parameters()))
+
+    def min(self, value: int) -> int:
+        import torch
+
+        return int(self.hvd.allreduce(torch.tensor(value), op=self.hvd.Min, name="min").item())
+
+    def mean(self, value: float) -> float:
+        import torch
+
+        return float(self.hvd.allreduce(torch.tensor(value), name="mean").item())
+
+
+class TorchRanks:
+    """The same under torchrun: ``torch.distributed`` over gloo (the demos run on the CPU) and
+    DistributedDataParallel with the communication hook of ``--compression``
+    (:func:`gs_horovod.bench.ddp_hooks.register_hook`)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+
+    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
+                   optimizer_state: bool = True) -> tuple[Any, Any, Any]:
+        """As :meth:`HorovodRanks.distribute`; every rank's optimizer starts alike (DDP keeps
+        the weights equal, so no optimizer state is sent)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        from .ddp_hooks import register_hook
+
+        ratio, options = method_options(args)
+        ddp = DistributedDataParallel(model)  # broadcasts rank 0's weights
+        return ddp, optimizer, register_hook(args.compression, ddp, model, ratio, **options)
+
+    def _reduce(self, value: float, op: Any) -> float:
+        import torch
+
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        self.dist.all_reduce(t, op=op)
+        return float(t.item())
+
+    def min(self, value: int) -> int:
+        return int(self._reduce(value, self.dist.ReduceOp.MIN))
+
+    def mean(self, value: float) -> float:
+        return self._reduce(value, self.dist.ReduceOp.SUM) / self.size
+
+
+def ranks_from_env() -> HorovodRanks | TorchRanks:
+    """TorchRanks when the launcher set ``RANK`` and ``WORLD_SIZE`` (torchrun), else HorovodRanks."""
+    import os
+
+    return TorchRanks() if "RANK" in os.environ and "WORLD_SIZE" in os.environ else HorovodRanks()
+
+
 def append_jsonl(path: str | None, row: dict) -> None:
     """Prints ``row`` as one JSON line and appends it to ``path`` (if given)."""
     print(json.dumps(row), flush=True)

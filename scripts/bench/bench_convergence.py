@@ -5,10 +5,14 @@ seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or 
     python scripts/bench/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
     python scripts/bench/bench_convergence.py --model lm --hidden 512 --out-dir docs
     python scripts/bench/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
+    python scripts/bench/bench_convergence.py --launcher torchrun --ranks 2 --out-dir docs   # DDP hooks
 
 Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of the model's script;
 writes ``convergence_<model>.json``, ``convergence_<model>.png`` and Markdown tables (mean ±
 half the range over seeds) to stdout. A run that fails is reported and left out, the others go on.
+``--launcher torchrun`` runs the model's script under ``torchrun`` instead: DistributedDataParallel
+with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
+hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``.
 
 Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
@@ -49,6 +53,8 @@ METHODS = {
 DEFAULT_METHODS = ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", "sketched", "sketched = gs",
                    "powersgd r1", "powersgd r4"]
 UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r4")  # k does not apply: one run per seed
+DDP_LABELS = ["dense", "fp16", "gs", "gs layer", "powersgd r1", "powersgd r4"]  # what runs as a DDP hook
+DDP_DEFAULT = ["dense", "fp16", "gs", "powersgd r1", "powersgd r4"]
 # model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
     "cnn": ("MNIST-5k CNN", "scripts/examples/train_torch.py", ["--model", "cnn"], "accuracy"),
@@ -120,10 +126,14 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
     compression, extra = METHODS[label]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "h.json")
-        launcher = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        launcher = os.path.join(os.path.dirname(sys.executable), args.launcher)
         _, script, model, _ = WORKLOADS[args.model]
-        cmd = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
-               "--gloo-timeout-seconds", "300", sys.executable, str(ROOT / script), *model, *budget(args)[0],
+        if args.launcher == "torchrun":
+            start = [launcher, "--standalone", "--nproc_per_node", str(args.ranks), "--no-python"]
+        else:
+            start = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
+                     "--gloo-timeout-seconds", "300"]
+        cmd = [*start, sys.executable, str(ROOT / script), *model, *budget(args)[0],
                "--compression", compression, "--seed", str(seed), "--json", out, *extra]
         if args.hidden is not None:
             cmd += ["--hidden", str(args.hidden)]
@@ -183,17 +193,18 @@ def plot(runs: dict, path: Path, title: str, metric: str) -> None:
 def table(runs: dict, metric: str) -> str:
     best_of = min if metric == "perplexity" else max
     lines = [f"| method @ k/d | seeds | final {metric} (mean ± half range) | best {metric} (mean) | "
-             "wire bytes/step (busiest rank) | payload bytes/step/rank | seconds (mean) |",
-             "|---|---|---|---|---|---|---|"]
+             "wire bytes/step (busiest rank) | payload bytes/step/rank | seconds (mean) | steps/s |",
+             "|---|---|---|---|---|---|---|---|"]
     for key, seeds in runs.items():
         finals = [r["history"][-1][metric] for r in seeds.values()]
         bests = [best_of(e[metric] for e in r["history"]) for r in seeds.values()]
         sent = sum(r["history"][-1]["bytes_per_step"] for r in seeds.values()) / len(seeds)
         wire = sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds.values()) / len(seeds)
         secs = sum(r["seconds"] for r in seeds.values()) / len(seeds)
+        rate = sum(curves(r, metric)[0][-1] / r["seconds"] for r in seeds.values()) / len(seeds)
         mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
         lines.append(f"| {key} | {len(seeds)} | {mean:.4f} ± {half:.4f} | {sum(bests) / len(bests):.4f} "
-                     f"| {wire:,.0f} | {sent:,.0f} | {secs:.1f} |")
+                     f"| {wire:,.0f} | {sent:,.0f} | {secs:.1f} | {rate:.2f} |")
     return "\n".join(lines)
 
 
@@ -246,10 +257,13 @@ def main() -> None:
     p.add_argument("--hidden", type=int, help="the model's --hidden (default: the script's)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, help=f"labels of {list(METHODS)}")
+    p.add_argument("--methods", nargs="+",
+                   help=f"labels of {list(METHODS)} (default: {DEFAULT_METHODS}; under torchrun {DDP_DEFAULT})")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke subset: {QUICK['methods']}, ratio {QUICK['ratios']}, seed {QUICK['seeds']}, "
                         f"{QUICK['epochs']} epoch, {QUICK['ranks']} ranks, the {QUICK['model']}")
+    p.add_argument("--launcher", choices=["horovodrun", "torchrun"], default="horovodrun",
+                   help=f"torchrun: DDP with a communication hook per method ({DDP_LABELS})")
     p.add_argument("--out-dir", default="docs")
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
@@ -257,18 +271,23 @@ def main() -> None:
     if args.quick:
         args.methods, args.ratios, args.seeds, args.epochs, args.ranks, args.model = (
             QUICK["methods"], QUICK["ratios"], QUICK["seeds"], QUICK["epochs"], QUICK["ranks"], QUICK["model"])
-    unknown = [m for m in args.methods if m not in METHODS]
+    if not args.methods:
+        args.methods = DDP_DEFAULT if args.launcher == "torchrun" else DEFAULT_METHODS
+    known = DDP_LABELS if args.launcher == "torchrun" else list(METHODS)
+    unknown = [m for m in args.methods if m not in known]
     if unknown:
-        p.error(f"unknown methods {unknown}; known: {list(METHODS)}")
+        p.error(f"unknown methods {unknown} for --launcher {args.launcher}; known: {known}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = out / f"convergence_{args.model}.json"
+    stem = f"convergence_{args.model}" + (f"_ddp{args.ranks}" if args.launcher == "torchrun" else "")
+    data = out / f"{stem}.json"
     name, _, _, metric = WORKLOADS[args.model]
-    title = f"{name}, {args.ranks} ranks, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
+    via = ", DDP hooks (torchrun)" if args.launcher == "torchrun" else ""
+    title = f"{name}, {args.ranks} ranks{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:
         runs = json.loads(data.read_text())
         print(table(runs, metric) + "\n\n" + headline(runs, metric))
-        plot(runs, out / f"convergence_{args.model}.png", title, metric)
+        plot(runs, out / f"{stem}.png", title, metric)
         return
     # seeds outermost, the data file rewritten after every run: a matrix cut short still holds
     # every method at the seeds it finished
@@ -287,7 +306,7 @@ def main() -> None:
     runs = {k: v for k, v in runs.items() if v}
     print(table(runs, metric))
     print("\n" + headline(runs, metric))
-    plot(runs, out / f"convergence_{args.model}.png", title, metric)
+    plot(runs, out / f"{stem}.png", title, metric)
 
 
 if __name__ == "__main__":

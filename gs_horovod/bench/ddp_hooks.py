@@ -1,0 +1,94 @@
+"""The DDP communication hooks the examples and benchmarks compare, with the bytes each rank
+sends (:class:`gs_horovod.baselines.Meter`, ring allreduce for all of them):
+
+- ``gs``: :func:`gs_horovod.ddp.gs_hook` (options: :class:`~gs_horovod.gs_sgd.GsConfig`'s);
+- ``powersgd``: torch's ``powerSGD_hook`` (options: ``PowerSGDState``'s, ``rank`` standing for
+  ``matrix_approximation_rank``; ``start_powerSGD_iter`` defaults to 2, the least torch
+  allows with error feedback): per bucket one allreduce of the uncompressed tensors, one of
+  the P factors and one of the Q factors, counted as the hook issues them;
+- ``fp16``: torch's ``fp16_compress_hook``; ``none``: DDP's built-in allreduce.
+
+(No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.)
+"""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..baselines import Meter
+from ..wire import Collective, Traffic
+
+DDP_METHODS = ("gs", "powersgd", "fp16", "none")
+
+
+def register_hook(method: str, ddp_model: Any, module: torch.nn.Module, ratio: float | None = None,
+                  **options: Any) -> Meter:
+    """Registers ``method``'s communication hook on ``ddp_model`` (which wraps ``module``) and
+    returns the meter of its bytes. ``ratio``: gs only (None: GsSketch's default)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from ..ddp import GsState, gs_hook
+
+    if method not in DDP_METHODS:
+        raise ValueError(f"method must be one of {DDP_METHODS} under DDP, got {method!r}")
+    if method != "gs" and ratio is not None:
+        raise ValueError(f"method {method!r} takes no ratio, got ratio={ratio}")
+    if method in ("none", "fp16") and options:
+        raise ValueError(f"method {method!r} takes no options, got {options}")
+    size = dist.get_world_size()
+    if method == "gs":
+        state = GsState(module, **({} if ratio is None else {"ratio": ratio}), **options)
+        ddp_model.register_comm_hook(state, gs_hook)
+        return Meter.of_gs(state.stats, size)
+    if method == "fp16":
+        ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        return Meter.dense(list(module.parameters()), size, 2)
+    if method == "none":
+        return Meter.dense(list(module.parameters()), size)
+    rename = {"matrix_approximation_rank": options.pop("rank")} if "rank" in options else {}
+    state = powerSGD_hook.PowerSGDState(None, **{"start_powerSGD_iter": 2, **options, **rename})
+    traffic = Traffic(size)
+    previous: list[torch.futures.Future] = []
+
+    def counted(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if previous:  # gloo: one bucket's chain of allreduces at a time (see powersgd_collectives)
+            previous.pop().wait()
+        for collective in powersgd_collectives(state, bucket):
+            traffic.add(*collective)
+        future = powerSGD_hook.powerSGD_hook(state, bucket)
+        if bucket.is_last():
+            traffic.end_step()
+        else:
+            previous.append(future)
+        return future
+
+    ddp_model.register_comm_hook(state, counted)
+    return Meter.of_traffic(traffic)
+
+
+def powersgd_collectives(state: Any, bucket: Any) -> list[Collective]:
+    """The allreduces ``powerSGD_hook`` issues for ``bucket`` (payload bytes per rank): the whole
+    buffer before ``start_powerSGD_iter``; then the uncompressed tensors, P (n×r) and Q (m×r)
+    of the compressed ones (an n×m gradient is compressed when (n + m)·r·min_compression_rate
+    < n·m, r = min(n, m, rank)), as torch's hook decides.
+
+    torch's hook issues a bucket's P and Q allreduces from callbacks of the previous allreduce;
+    with two buckets in flight over gloo, ranks interleaved the two chains differently and gloo
+    aborted ("Received data size doesn't match expected size", torch 2.13, 2 ranks, the MNIST
+    CNN in 2 buckets). :func:`register_hook` therefore waits for a bucket's future before it
+    runs the next bucket's hook."""
+    buffer = bucket.buffer()
+    itemsize = buffer.element_size()
+    if state.iter < state.start_powerSGD_iter:
+        return [("allreduce", float(buffer.numel() * itemsize))]
+    dense = ps = qs = 0
+    for grad in bucket.gradients():
+        n = grad.shape[0]
+        m = grad.numel() // n
+        r = min(n, m, state.matrix_approximation_rank)
+        if (n + m) * r * state.min_compression_rate < n * m:
+            ps, qs = ps + n * r, qs + m * r
+        else:
+            dense += grad.numel()
+    return [("allreduce", float(count * itemsize)) for count in (dense, ps, qs)]

@@ -1,0 +1,192 @@
+"""gs-SGD as a DDP communication hook: the engine (:mod:`gs_horovod.gs_sgd`) without Horovod.
+
+    ddp = DistributedDataParallel(model)
+    ddp.register_comm_hook(GsState(model), gs_hook)                  # defaults
+    ddp.register_comm_hook(GsState(model, ratio=0.001, scope="layer"), gs_hook)
+
+DDP calls the hook once per gradient bucket, in bucket order, and waits for the futures only
+after the last bucket's hook ran. ``gs_hook`` records each bucket's gradients under their
+parameter names and returns a pending future; the ``is_last()`` bucket runs ONE engine step
+over every recorded gradient (one sketch merge, one exact round over the whole gradient vector,
+whatever the buckets) and completes every pending future with its bucket's updates. Tensors are
+keyed by their name in ``model.named_parameters()``: the same on every rank, whatever bucket
+DDP puts them in (it rebuilds the buckets after the first iteration).
+
+(No ``from __future__ import annotations`` here: DDP compares ``gs_hook``'s annotations with
+``dist.GradBucket`` and ``torch.futures.Future[torch.Tensor]`` themselves.)
+"""
+
+from dataclasses import asdict
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import CheckpointApi
+from .compressor import config_from
+from .gs_sgd import GsSgd
+from .kernels.torch_ops import TorchOps
+from .state import CommStats
+from .state import GsState as EngineState
+
+
+class DistCollectives:
+    """:class:`gs_horovod.gs_sgd.Collectives` over ``torch.distributed`` on ``group`` (None: the
+    default group): blocking ``all_reduce``, the mean as the sum divided by the group's size."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup]) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+
+    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """x (n,) f32 → the mean (n,) f32; f16 (the sketch) is scaled by 1/P before the sum, as
+        Horovod's prescale does, so the f16 sum cannot overflow where the mean does not."""
+        if x.dtype == torch.float16:
+            out = (x.float() * (1.0 / self.size)).half()
+            dist.all_reduce(out, group=self.group)
+            return out
+        out = x.clone()
+        dist.all_reduce(out, group=self.group)
+        return out.div_(self.size)
+
+    def same_on_every_rank(self, value: int, name: str) -> bool:
+        """One all_reduce MIN of (v, −v): equal everywhere iff min v = max v."""
+        both = torch.tensor([value, -value], dtype=torch.int64, device=_comm_device(self.group))
+        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.group)
+        return int(both[0]) == -int(both[1])
+
+
+def _comm_device(group: Optional[dist.ProcessGroup]) -> torch.device:
+    """Where the group's collectives take tensors: the current GPU under NCCL, else the CPU."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class GsState(CheckpointApi):
+    """The hook state of :func:`gs_hook`: options and per-rank state for every gradient of one
+    DDP model (one instance per model).
+
+    Fields:
+
+    - ``model``: the module whose ``named_parameters()`` name the gradients (the DDP wrapper or
+      the module it wraps; the same on every rank). Only parameters with ``requires_grad`` are
+      hooked; a gradient of any other tensor is a KeyError naming its shape.
+    - ``process_group``: the group the hook reduces over (None: the default group); DDP's own.
+    - ``config``: the :class:`~gs_horovod.gs_sgd.GsConfig` built from the keyword options (the
+      options of ``GsSketch``: ``scope``, ``ratio``, ``k``, ``rows``, ``width``, ``candidates``,
+      ``prefilter``, ``sketch_dtype``, ``seed``, ``exact``, ``warmup_steps``, ``min_size``,
+      ``momentum``, ``backend``, ``nonfinite``, ``check_every``), checked by name (TypeError
+      listing the allowed ones), compared across ranks at the first step (ValueError on every
+      rank if they differ).
+    - ``stats``: :class:`~gs_horovod.state.CommStats`, the bytes this rank hands to collectives.
+    - ``engine``: the engine-side :class:`gs_horovod.state.GsState`: flat residual e (D,) f32
+      and momentum (D,) f32 laid out by name, steps, warm-up. Gradients of ``min_size``
+      elements and more are compressed (in f32, whatever their dtype), the others averaged
+      exactly in the exact round.
+    - ``pending``: this step's buckets waiting for the last one: (future, names, dtype).
+
+    A NaN/Inf on any rank fails every bucket's future on every rank (``backward()`` raises,
+    naming the tensors) and leaves residuals as before the step (``nonfinite="skip"``: the step's
+    update is zero instead).
+    """
+
+    def __init__(self, model: torch.nn.Module, process_group: Optional[dist.ProcessGroup] = None,
+                 **options: Any) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        if not dist.is_initialized():
+            raise RuntimeError("GsState needs torch.distributed initialised (dist.init_process_group) first")
+        self.model, self.process_group = model, process_group
+        self.config = config_from(options, extra=("model", "process_group"), owner="GsState")
+        self.stats = CommStats()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._names = {id(p): n for n, p in named}
+        self._params = dict(named)
+        engine = GsSgd(self.config, TorchOps(self.config.backend), DistCollectives(process_group))
+        self.engine = EngineState(engine, self.stats, {n: p.numel() for n, p in named})
+        self.pending: list[tuple[torch.futures.Future, list[str], torch.dtype]] = []
+        self._grads: dict[str, torch.Tensor] = {}
+
+    def __repr__(self) -> str:
+        return f"GsState({self.config})"
+
+    def hook(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Records ``bucket``'s gradients; on the last bucket, steps and completes every future."""
+        names = []
+        for p, grad in zip(bucket.parameters(), bucket.gradients()):
+            name = self._names.get(id(p))
+            if name is None:
+                raise KeyError(f"GsState: a gradient of shape {tuple(p.shape)} belongs to no parameter of the model "
+                               "GsState was built with; pass the model DDP wraps")
+            self._grads[name] = grad.detach().reshape(-1).float()
+            names.append(name)
+        buffer = bucket.buffer()
+        future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
+        self.pending.append((future, names, buffer.dtype))
+        if bucket.is_last():
+            self._finish()
+        return future
+
+    def _finish(self) -> None:
+        """One engine step over all recorded gradients; each future gets its bucket's updates
+        (flat, the bucket's dtype). If the step raises, the error propagates out of this (the
+        last) hook, so ``backward()`` raises it, and the earlier buckets' futures hold it."""
+        pending, grads = self.pending, self._grads
+        self.pending, self._grads = [], {}
+        try:
+            updates = self.engine.step(grads)
+        except Exception as error:
+            for future, _, _ in pending:
+                future.set_exception(error)
+            raise
+        for future, names, dtype in pending:
+            future.set_result(torch.cat([updates[n].to(dtype) for n in names]))
+
+    def local_state_dict(self) -> dict[str, Any]:
+        """Not collective: this rank's own state, for one file per rank. ``{"options",
+        "world_size", "rank", "tensors": {name: {"residual", "momentum", "steps"}}}``: per
+        compressed parameter the residual and momentum (d,) f32 (momentum None when m = 0)."""
+        return {"options": self._options(), "world_size": self._size(), "rank": self._rank(),
+                "tensors": self.engine.tensors()}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        tensors = {}
+        for name, saved in state["tensors"].items():
+            device = self._params[name].device if name in self._params else torch.device("cpu")
+            tensors[name] = {k: v.to(device, torch.float32, copy=True) if isinstance(v, torch.Tensor) else v
+                             for k, v in saved.items()}
+        self.engine.restore(tensors)
+
+    def _options(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+    def _rank(self) -> int:
+        return dist.get_rank(self.process_group)
+
+    def _size(self) -> int:
+        return dist.get_world_size(self.process_group)
+
+    def _exchange(self, out: list[bytes]) -> list[bytes]:
+        """Sends ``out[r]`` to rank r: the sizes, then the bytes, by ``all_to_all_single`` (uint8)."""
+        device, group = _comm_device(self.process_group), self.process_group
+        sizes = torch.tensor([len(b) for b in out], dtype=torch.int64, device=device)
+        got = torch.empty_like(sizes)
+        dist.all_to_all_single(got, sizes, group=group)
+        data = torch.frombuffer(bytearray(b"".join(out)) or bytearray(1), dtype=torch.uint8)[:sum(map(len, out))]
+        received = torch.empty(int(got.sum()), dtype=torch.uint8, device=device)
+        dist.all_to_all_single(received, data.to(device), got.tolist(), sizes.tolist(), group=group)
+        buf, parts, start = received.cpu().numpy().tobytes(), [], 0
+        for n in got.tolist():
+            parts.append(buf[start:start + n])
+            start += n
+        return parts
+
+
+def gs_hook(state: GsState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp_model.register_comm_hook(GsState(model, ...), gs_hook)``.
+    Returns a future of ``bucket.buffer()``'s shape and dtype, completed when the step's last
+    bucket arrives: the mean over ranks of the selected coordinates (zeros elsewhere) and the
+    exact mean of the tensors below ``min_size``."""
+    return state.hook(bucket)
+
