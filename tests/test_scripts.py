@@ -113,6 +113,20 @@ def test_soak(tmp_path: Path) -> None:
     assert rank0_lines(stdout)[-1].startswith("growth after step 10: rank 0 ")
 
 
+def test_bench_step(tmp_path: Path) -> None:
+    """``horovodrun -np 2 ... bench_step.py --out F`` (1 timed step): dense, gs and the one-float
+    compressor timed on the three models, the table on rank 0 and the medians in F."""
+    out = tmp_path / "step.json"
+    stdout = run_script("bench/bench_step.py", "--steps", "1", "--warmup", "1", "--out", str(out),
+                        launcher=horovodrun_command(2, "gloo"))
+    result = json.loads(out.read_text())
+    assert result["ranks"] == 2 and result["steps"] == 1
+    assert set(result["rows"]) == {"one 5M tensor", "MNIST CNN", "LSTM LM h512"}
+    assert result["rows"]["one 5M tensor"]["params"] == 5_000_000
+    assert all(r[c] > 0 for r in result["rows"].values() for c in ("dense", "gs", "one float"))
+    assert sum(line.startswith("| one 5M tensor | 1 | 5,000,000 |") for line in rank0_lines(stdout)) == 1
+
+
 def test_bench_sketch_quick(tmp_path: Path) -> None:
     """``bench_sketch.py --log2-size N --ratio R --quick --out --plot`` on 2^14 elements: the table,
     the JSON row of every phase and, last, ``gs_vs_topk <ratio>``."""
