@@ -85,6 +85,21 @@ class ArrayOps(Protocol):
         """(idx (count,) ascending, estimates (count,) f32): the count coordinates of [0, length)
         with the largest |median estimate| (ties: lower index), identical for equal tables."""
 
+    def pack_pairs(self, idx: Array, vals: Array) -> Array:
+        """(2n,) f32: idx (n,) int64 in [0, 2^31) as int32 bit patterns, then vals (n,) f32 (for
+        one allgather; no arithmetic may touch the first half)."""
+
+    def unpack_pairs(self, rows: Array) -> tuple[Array, Array]:
+        """(idx (P, n) int64, vals (P, n) f32) of rows (P, 2n) f32, each row a :meth:`pack_pairs`."""
+
+    def columns(self, x: Array, start: int, size: int) -> Array:
+        """x[:, start:start + size] of a 2-D x."""
+
+    def union_sum(self, idx: Array, vals: Array) -> tuple[Array, Array]:
+        """(union (u,) int64 ascending, sums (u,) f32) of the sparse vectors given by rows of
+        ``idx`` (P, n) int64 (each row distinct) and ``vals`` (P, n) f32: sums[j] = Σ_r vals[r, i]
+        over the rows r holding union[j] at i, added in row order (the same bits everywhere)."""
+
     def checksum(self, idx: Array) -> Any:
         """An int in [0, 2^62) summarising idx (equal for equal idx)."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, fields
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from .array_ops import Array, ArrayOps
 from .checkpoint import CheckpointApi
 from .gs_sgd import GsConfig, Layout
 from .mpi import MergeStats
+from .wire import Collective
 
 
 class DefaultInstance:
@@ -99,11 +100,12 @@ class HorovodCollectives:
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any) -> None:
         self.hvd, self.ops, self.op, self.process_set = hvd, ops, op, process_set
+        self.size, self.averages = process_set.size(), op == hvd.Average
 
     def allreduce(self, x: Array, name: str) -> Array:
         hvd = self.hvd
         if self.ops.dtype_name(x) == "float16" and self.op == hvd.Average:  # sum x/P: a float16 sum of P x
-            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.process_set.size(),  # could overflow
+            return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.size,  # could overflow
                                  name=op_name(name), process_set=self.process_set)
         return hvd.allreduce(x, op=self.op, name=op_name(name), process_set=self.process_set)
 
@@ -111,6 +113,9 @@ class HorovodCollectives:
         both = self.hvd.allreduce(self.ops.plus_minus(value), op=self.hvd.Min, name=op_name(name),
                                   process_set=self.process_set)
         return self.ops.equal(both[0], -both[1])
+
+    def allgather(self, x: Array, name: str) -> Array:
+        return self.hvd.allgather(x, name=op_name(name), process_set=self.process_set)
 
 
 TreeAllreduce = Callable[[Array, Any, MergeStats], Array]
@@ -188,14 +193,22 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce)
 
     @DefaultInstanceMethod
-    def bytes_per_step(self, tensors: list[Any]) -> int:
-        """Bytes one rank hands to collectives per step for the gradients of ``tensors``
-        (parameters or variables) once warm-up is over: the sketch and the exact round for the
-        compressed ones, the dense size for the others."""
+    def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:
+        """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.wire`) for the
+        gradients of ``tensors`` (parameters or variables) on ``ranks`` ranks (default: Horovod's
+        size) once warm-up is over: the sketch merge or the allgather and the exact round for the
+        compressed ones, an allreduce of the others as they are."""
+        ranks = self._hvd.size() if ranks is None else ranks
         described = [self._describe(t) for t in tensors]  # (name, elements, floating, itemsize)
-        layout = Layout.split([(n, d) for n, d, floating, _ in described if floating], self.config)
+        layout = Layout.split([(n, d) for n, d, floating, _ in described if floating], self.config, ranks=ranks)
         others = sum(d * itemsize for _, d, floating, itemsize in described if not floating)
-        return others + sum(layout.payload_bytes(self.config))
+        merge = "tree" if self.merge == "mpi" else "allreduce"
+        return layout.collectives(self.config, merge=merge) + ([("allreduce", float(others))] if others else [])
+
+    @DefaultInstanceMethod
+    def bytes_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> int:
+        """Bytes one rank hands to collectives per step: :meth:`collectives_per_step` summed."""
+        return int(sum(n for _, n in self.collectives_per_step(tensors, ranks)))
 
     def _describe(self, tensor: Any) -> tuple[str, int, bool, int]:
         raise NotImplementedError

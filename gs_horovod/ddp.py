@@ -36,7 +36,7 @@ class DistCollectives:
 
     def __init__(self, group: Optional[dist.ProcessGroup]) -> None:
         self.group = group
-        self.size = dist.get_world_size(group)
+        self.size, self.averages = dist.get_world_size(group), True
 
     def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x (n,) f32 → the mean (n,) f32; f16 (the sketch) is scaled by 1/P before the sum, as
@@ -48,6 +48,12 @@ class DistCollectives:
         out = x.clone()
         dist.all_reduce(out, group=self.group)
         return out.div_(self.size)
+
+    def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """(P, n): every rank's x (n,) in rank order."""
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.stack(parts)
 
     def same_on_every_rank(self, value: int, name: str) -> bool:
         """One all_reduce MIN of (v, −v): equal everywhere iff min v = max v."""

@@ -13,8 +13,16 @@ group of n coordinates with k = ceil(ratio · n) (or the fixed ``k``)::
     S̄_t  = mean over ranks of S_t           (ONE allreduce for all groups: sketches are linear)
     C_t   = top-(m·k) of |median estimate from S̄_t|     (candidates; identical on every rank)
     v_t   = mean over ranks of a_t[C_t]      (the exact round: ONE allreduce of all candidates)
-    I_t   = top-k of |v_t| within C_t;  Δ_t = v_t[I_t] scattered into zeros
+    I_t   = top-k of |v_t| within C_t (``apply="topk"``) or all of C_t (``apply="all"``)
+    Δ_t   = v_t[I_t] scattered into zeros
     e_t   = a_t − a_t[I_t]   (this rank's a_t at I_t went into Δ_t); u_t[I_t] = 0 when m > 0
+
+The exchange that nominates C_t is the sketch above or, with ``exchange="allgather"``, an exact
+sparse allgather of every rank's (F_t, a_t[F_t]) (8 bytes a coordinate): the union of the P
+sets with their partial sums Σ_{r : i ∈ F_r} a_r,i stands in for the merged sketch's estimates
+(C_t: the top-(m·k) of them, m·k ≤ L·k). ``exchange="auto"`` takes the allgather when its wire
+bytes at this P are no more than the sketch merge's (:meth:`Layout.build`), which with the
+default sizes is P ≤ 3: every later stage, rule and check is the same for both.
 
 Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
 only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t). Either way
@@ -32,14 +40,18 @@ run it as graph code (``ops.cond`` is ``tf.cond`` there and a plain ``if`` in to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Protocol
 
 from .array_ops import Array, ArrayOps
 from .kernels import BACKENDS
 from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
+from .wire import wire_bytes
 
 NONFINITE = ("raise", "skip")
+EXCHANGES = ("auto", "sketch", "allgather")
+APPLY = ("topk", "all")
+MAX_GATHERED = 2**31  # the allgather sends indices as int32
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
 DEFAULT_RATIO = 0.01
@@ -78,6 +90,11 @@ class GsConfig:
     width: sketch columns per row as a multiple of k: cols = ceil(width · k).
     candidates: m; the sketch nominates m·k coordinates and the exact round picks k of them
         (m > 1 needs ``exact``).
+    apply: "topk" applies the k largest of the m·k exact values fetched, "all" applies every
+        one of them (needs ``exact``).
+    exchange: what nominates the candidates: "sketch" (the paper's method), "allgather" (every
+        rank's pre-filtered coordinates, exactly), or "auto": the allgather wherever its wire
+        bytes are no more than the sketch's at the step's P and layout.
     prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
@@ -98,6 +115,8 @@ class GsConfig:
     rows: int = 3
     width: float = 2.0
     candidates: int = 1
+    apply: str = "topk"
+    exchange: str = "auto"
     prefilter: int = 1
     sketch_dtype: str = "float16"
     seed: int = 0
@@ -127,6 +146,10 @@ class GsConfig:
             raise TypeError(f"exact must be a bool, got {type(self.exact).__name__}")
         if self.candidates > 1 and not self.exact:
             raise ValueError(f"candidates={self.candidates} needs the exact round (exact=True)")
+        _check_choice("apply", self.apply, APPLY)
+        if self.apply == "all" and not self.exact:
+            raise ValueError("apply='all' applies the exact round's values: it needs exact=True")
+        _check_choice("exchange", self.exchange, EXCHANGES)
         _check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         _check_number("min_size", self.min_size, int, 1, 2**62)
         _check_number("momentum", self.momentum, float, 0.0, 1.0)
@@ -161,8 +184,8 @@ class Group:
     size: int
     k: int
     cols: int
-    fed: int  # coordinates each rank feeds the sketch (L·k, or size without pre-filter)
-    candidates: int  # coordinates the merged sketch nominates (m·k)
+    fed: int  # coordinates each rank feeds the exchange (L·k, or size without pre-filter)
+    candidates: int  # coordinates the exchange nominates (m·k; at most L·k under the allgather)
 
 
 @dataclass(frozen=True)
@@ -171,7 +194,8 @@ class Layout:
 
     names / sizes / offsets: the compressed tensors (sorted by name) in the step's vector of
     ``total`` = D coordinates; dense_names / dense_sizes: the tensors below ``min_size``, sent
-    exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`.
+    exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
+    exchange: "sketch" or "allgather", the config's choice for ``ranks`` (P) ranks.
     """
 
     names: tuple[str, ...]
@@ -181,11 +205,15 @@ class Layout:
     total: int
     dense_names: tuple[str, ...] = ()
     dense_sizes: tuple[int, ...] = ()
+    exchange: str = "sketch"
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
-              dense_sizes: tuple[int, ...] = ()) -> Layout:
-        """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group."""
+              dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
+        """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
+        ``exchange="auto"`` resolves to the allgather when ``wire_bytes("allgather", 8·Σ L·k)``
+        ≤ ``wire_bytes("allreduce", Σ rows·cols·itemsize)`` at P = ``ranks`` (both
+        :mod:`gs_horovod.wire`'s ring formulas), else to the sketch."""
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -199,19 +227,29 @@ class Layout:
             k = config.k_for(size)
             fed = min(size, config.prefilter * k) if config.prefilter else size
             groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
+        exchange = config.exchange
+        if exchange == "auto":
+            itemsize = 2 if config.sketch_dtype == "float16" else 4
+            sketch = wire_bytes("allreduce", sum(config.rows * g.cols for g in groups) * itemsize, ranks)
+            gather = wire_bytes("allgather", sum(8 * g.fed for g in groups), ranks)
+            exchange = "allgather" if gather <= sketch and start < MAX_GATHERED else "sketch"
+        if exchange == "allgather":
+            if start >= MAX_GATHERED:
+                raise ValueError(f"exchange='allgather' sends int32 indices: {start} coordinates is too many")
+            groups = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
         return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
-                   tuple(dense_sizes))
+                   tuple(dense_sizes), exchange)
 
     @classmethod
-    def split(cls, named: list[tuple[str, int]], config: GsConfig) -> Layout:
-        """The layout of tensors given as (name, elements): those of at least ``min_size``
-        elements are compressed, the others sent exactly; each kind sorted by name. The one
-        place the ``min_size`` split is made."""
+    def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int) -> Layout:
+        """The layout of tensors given as (name, elements) on ``ranks`` ranks: those of at least
+        ``min_size`` elements are compressed, the others sent exactly; each kind sorted by name.
+        The one place the ``min_size`` split is made."""
         named = sorted(named)
         big = [(n, d) for n, d in named if d >= config.min_size]
         small = [(n, d) for n, d in named if d < config.min_size]
         return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
-                         tuple(d for _, d in small))
+                         tuple(d for _, d in small), ranks=ranks)
 
     @property
     def all_names(self) -> tuple[str, ...]:
@@ -226,15 +264,28 @@ class Layout:
         """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
         return self.offsets + tuple(self.total + o for o in _starts(self.dense_sizes))
 
-    def payload_bytes(self, config: GsConfig, dense: bool = False) -> tuple[int, int, int]:
-        """(sketch, exact-round, dense) bytes one rank hands to collectives in one step: a
-        sketched step, or with ``dense`` (warm-up, or nothing to sketch) everything at 4 bytes."""
+    def payload_bytes(self, config: GsConfig, dense: bool = False) -> tuple[int, int, int, int]:
+        """(sketch, allgather, exact-round, dense) bytes one rank hands to collectives in one
+        step: a compressed step (sketch or allgather, as ``exchange``), or with ``dense``
+        (warm-up, or nothing to sketch) everything at 4 bytes."""
         if dense or not self.groups:
-            return 0, 0, (self.total + sum(self.dense_sizes)) * 4
+            return 0, 0, 0, (self.total + sum(self.dense_sizes)) * 4
         itemsize = 2 if config.sketch_dtype == "float16" else 4
-        sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
+        sketch = gather = 0
+        if self.exchange == "sketch":
+            sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
+        else:
+            gather = sum(8 * g.fed for g in self.groups)
         exact = sum(g.candidates for g in self.groups) * 4 if config.exact else 0
-        return sketch, exact, sum(self.dense_sizes) * 4
+        return sketch, gather, exact, sum(self.dense_sizes) * 4
+
+    def collectives(self, config: GsConfig, dense: bool = False, merge: str = "allreduce") -> list[tuple[str, float]]:
+        """One step's (kind, payload bytes) collectives (:mod:`gs_horovod.wire`), the empty ones
+        left out: the sketch merge and the exact round (with the small tensors) as ``merge``
+        ("allreduce", or "tree" under merge="mpi"), the allgather as "allgather"."""
+        sketch, gather, exact, small = self.payload_bytes(config, dense)
+        step = [(merge, sketch), ("allgather", gather), (merge, exact + small)]
+        return [(kind, float(n)) for kind, n in step if n]
 
 
 def _starts(sizes: tuple[int, ...]) -> list[int]:
@@ -246,7 +297,12 @@ def _starts(sizes: tuple[int, ...]) -> list[int]:
 
 
 class Collectives(Protocol):
-    """The collectives a step needs, over the ranks of one optimizer (framework's own)."""
+    """The collectives a step needs, over the ranks of one optimizer (framework's own).
+
+    size: P, the ranks; averages: whether ``allreduce`` returns the mean (else the sum)."""
+
+    size: int
+    averages: bool
 
     def allreduce(self, x: Array, name: str) -> Array:
         """x (n,) f32 or f16, averaged (op Average) or summed (op Sum) over ranks; the result is
@@ -254,6 +310,9 @@ class Collectives(Protocol):
 
     def same_on_every_rank(self, value: Any, name: str) -> Any:
         """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
+
+    def allgather(self, x: Array, name: str) -> Array:
+        """(P·n,) or (P, n): every rank's x (n,) f32 in rank order, bits untouched."""
 
 
 @dataclass
@@ -330,27 +389,11 @@ class GsSgd:
     def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
                   steps: Any, checks: list[Any]) -> tuple:
         cfg, ops = self.config, self.ops
-        tables, fed = [], []
-        for grp in layout.groups:
-            part = ops.slice(a, grp.start, grp.size)
-            table = ops.zeros((cfg.rows, grp.cols), a)
-            if cfg.prefilter:
-                idx = ops.top_abs(part, grp.fed)
-                table = ops.sketch_accumulate_at(table, idx, ops.take(part, idx), self.keys)
-                fed.append(idx + grp.start)
-            else:
-                table = ops.sketch_accumulate(table, part, self.keys, 0)
-            tables.append(ops.reshape(table, (-1,)))
-        merged = ops.cast(self.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
-                          "float32")
-        finite = ops.all_finite(merged)
+        gathered = layout.exchange == "allgather"
+        fed = [ops.top_abs(ops.slice(a, g.start, g.size), g.fed) + g.start for g in layout.groups] \
+            if cfg.prefilter or gathered else []
+        picks, finite = self._gather(layout, a, fed) if gathered else self._sketch(layout, a, fed)
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
-        picks, start = [], 0
-        for grp in layout.groups:
-            table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
-            start += cfg.rows * grp.cols
-            idx, est = ops.heavy_hitters(table, self.keys, grp.size, grp.candidates)
-            picks.append((idx + grp.start, est))
         n_dense = sum(layout.dense_sizes)
         if cfg.exact:
             cand = ops.concat([idx for idx, _ in picks])
@@ -360,19 +403,22 @@ class GsSgd:
             exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, n_dense)
             finite = ops.logical_and(finite, ops.all_finite(reduced))
             checks.append(self._fail_unless_finite(layout, finite, a, dense, steps))
-            chosen, values, first = [], [], 0
-            for grp in layout.groups:
-                vals = ops.slice(exact, first, grp.candidates)
-                best = ops.top_abs(vals, grp.k)
-                chosen.append(ops.take(ops.slice(cand, first, grp.candidates), best))
-                values.append(ops.take(vals, best))
-                first += grp.candidates
-            sel, values = ops.concat(chosen), ops.concat(values)
+            if cfg.apply == "all":
+                sel, values = cand, exact
+            else:
+                chosen, values, first = [], [], 0
+                for grp in layout.groups:
+                    vals = ops.slice(exact, first, grp.candidates)
+                    best = ops.top_abs(vals, grp.k)
+                    chosen.append(ops.take(ops.slice(cand, first, grp.candidates), best))
+                    values.append(ops.take(vals, best))
+                    first += grp.candidates
+                sel, values = ops.concat(chosen), ops.concat(values)
             sent = ops.take(a, sel)
         else:
             sel, values = ops.concat([idx for idx, _ in picks]), ops.concat([est for _, est in picks])
             sent = ops.take(a, sel)
-            if cfg.prefilter:
+            if fed:
                 sent = ops.where(ops.isin_sorted(sel, ops.concat(fed)), sent, ops.zeros_like(sent))
             dense_mean = None
             if dense is not None:
@@ -385,6 +431,49 @@ class GsSgd:
         new_residual = ops.scatter_sub(a, sel, sent)
         update = ops.scatter(layout.total, sel, values, a, dense_mean)
         return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks)
+
+    def _sketch(self, layout: Layout, a: Array, fed: list[Array]) -> tuple[list[tuple[Array, Array]], Any]:
+        """Each group's candidates (idx (m·k,) ascending, estimates (m·k,) f32) from the merged
+        sketch of a restricted to ``fed`` (every coordinate when empty), and whether the merged
+        tables are finite."""
+        cfg, ops = self.config, self.ops
+        tables = []
+        for i, grp in enumerate(layout.groups):
+            table = ops.zeros((cfg.rows, grp.cols), a)
+            if fed:
+                table = ops.sketch_accumulate_at(table, fed[i] - grp.start, ops.take(a, fed[i]), self.keys)
+            else:
+                table = ops.sketch_accumulate(table, ops.slice(a, grp.start, grp.size), self.keys, 0)
+            tables.append(ops.reshape(table, (-1,)))
+        merged = ops.cast(self.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
+                          "float32")
+        picks, start = [], 0
+        for grp in layout.groups:
+            table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
+            start += cfg.rows * grp.cols
+            idx, est = ops.heavy_hitters(table, self.keys, grp.size, grp.candidates)
+            picks.append((idx + grp.start, est))
+        return picks, ops.all_finite(merged)
+
+    def _gather(self, layout: Layout, a: Array, fed: list[Array]) -> tuple[list[tuple[Array, Array]], Any]:
+        """Each group's candidates (idx (m·k,) ascending, estimates (m·k,) f32): the m·k of
+        largest |partial sum| in the union of every rank's ``fed`` set, from one allgather of
+        (index, value) pairs; the estimate is the partial sum as ``allreduce`` reduces (mean or
+        sum). Also whether every gathered value is finite."""
+        ops, P = self.ops, self.comm.size
+        mine = ops.concat(fed)
+        n = sum(g.fed for g in layout.groups)
+        rows = ops.reshape(self.comm.allgather(ops.pack_pairs(mine, ops.take(a, mine)), "gs_horovod.gather"),
+                           (P, 2 * n))
+        idx, vals = ops.unpack_pairs(rows)
+        picks, first = [], 0
+        for grp in layout.groups:
+            union, sums = ops.union_sum(ops.columns(idx, first, grp.fed), ops.columns(vals, first, grp.fed))
+            best = ops.top_abs(sums, grp.candidates)
+            est = ops.take(sums, best)
+            picks.append((ops.take(union, best), est / P if self.comm.averages else est))
+            first += grp.fed
+        return picks, ops.all_finite(vals)
 
     def _finish(self, layout: Layout, finite: Any, update: Array, new_residual: Array, new_momentum: Any,
                 residual: Array, momentum: Any, steps: Any, checks: list[Any]) -> tuple:

@@ -115,6 +115,7 @@ class SimulatedComm:
 
     def __init__(self, group: SimulatedRanks, rank: int) -> None:
         self.group, self.rank, self.size = group, rank, group.size
+        self.averages = True  # allreduce returns the mean
         self.traffic = Traffic(group.size)
         self.names: list[str] = []
         self.started = 0.0  # when this rank's current stretch of compute began
@@ -147,13 +148,20 @@ class SimulatedComm:
         parts = self._all(torch.tensor(int(value), dtype=torch.int64), name)
         return self._resume(all(int(p) == int(parts[0]) for p in parts))
 
+    def values(self, value: float, name: str) -> list[float]:
+        """Every rank's number ``value`` in rank order: bookkeeping (a mean loss, a step count),
+        not counted as traffic."""
+        return self._resume([float(p) for p in self._all(torch.tensor(float(value), dtype=torch.float64), name)])
+
     def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("allreduce", x.numel() * x.element_size())
         return self._resume(self._sum(self._all(x, name)))
 
-    def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        self.traffic.add("allgather", x.numel() * x.element_size())
-        return self._resume(torch.stack(self._all(x, name)))
+    def allgather(self, x: Any, name: str) -> Any:
+        """(P, n): every rank's x (n,) in rank order, a torch or TensorFlow array as x is."""
+        t, back = _as_torch(x)
+        self.traffic.add("allgather", t.numel() * t.element_size())
+        return self._resume(back(torch.stack(self._all(t, name))))
 
     def pairwise(self, x: torch.Tensor, partner: int, name: str) -> torch.Tensor:
         self.traffic.add("pairwise", x.numel() * x.element_size())
@@ -167,3 +175,32 @@ class SimulatedComm:
     def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("broadcast", x.numel() * x.element_size())
         return self._resume(self._all(x, name)[0])
+
+
+class EngineExchange:
+    """gs-SGD's engine as a baseline-style exchange (``exchange(named, comm)`` → updates), for
+    :class:`gs_horovod.baselines.ExchangeOptimizer` on a :class:`SimulatedComm`: one
+    :class:`gs_horovod.state.GsState` on ``comm`` with GsSketch's ``options``."""
+
+    def __init__(self, comm: SimulatedComm, **options: Any) -> None:
+        from .compressor import config_from
+        from .gs_sgd import GsSgd
+        from .kernels.torch_ops import TorchOps
+        from .state import CommStats, GsState
+
+        config = config_from(options)
+        self.state = GsState(GsSgd(config, TorchOps(config.backend), comm), CommStats())
+
+    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: SimulatedComm) -> list[torch.Tensor]:
+        out = self.state.step({n: g.detach().reshape(-1).float() for n, g in named})
+        comm.traffic.end_step()
+        return [out[n].view_as(g).to(g.dtype) for n, g in named]
+
+
+class MeanExchange:
+    """The exact mean of every gradient, one allreduce (dense data parallelism)."""
+
+    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: SimulatedComm) -> list[torch.Tensor]:
+        mean = comm.allreduce(torch.cat([g.detach().reshape(-1).float() for _, g in named]), "dense")
+        comm.traffic.end_step()
+        return [m.view_as(g).to(g.dtype) for m, (_, g) in zip(torch.split(mean, [g.numel() for _, g in named]), named)]

@@ -19,10 +19,12 @@ from .gs_sgd import GsConfig, GsSgd, Layout
 
 @dataclass
 class CommStats:
-    """Payload bytes this rank handed to collectives, by path, and steps (cumulative);
+    """Payload bytes this rank handed to collectives, by path (the sketch merge, the allgather
+    that replaces it, the exact round, dense steps and tensors), and steps (cumulative);
     ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
 
     sketch_bytes: int = 0
+    gather_bytes: int = 0
     exact_bytes: int = 0
     dense_bytes: int = 0
     steps: int = 0
@@ -30,12 +32,13 @@ class CommStats:
 
     @property
     def total_bytes(self) -> int:
-        return self.sketch_bytes + self.exact_bytes + self.dense_bytes
+        return self.sketch_bytes + self.gather_bytes + self.exact_bytes + self.dense_bytes
 
     def add(self, layout: Layout, config: GsConfig, dense: bool, applied: bool) -> None:
         """Counts one step of ``layout`` (``dense``: a warm-up step)."""
-        sketch, exact, dense_bytes = layout.payload_bytes(config, dense)
+        sketch, gather, exact, dense_bytes = layout.payload_bytes(config, dense)
         self.sketch_bytes += sketch
+        self.gather_bytes += gather
         self.exact_bytes += exact
         self.dense_bytes += dense_bytes
         self.steps += 1
@@ -104,7 +107,8 @@ class GsState:
         step was skipped; returns each tensor's update, a view of the step's flat update."""
         config = self.engine.config
         like = next(iter(grads.values()))
-        self._lay_out(Layout.split([(n, int(g.shape[0])) for n, g in grads.items()], config), like)
+        named = [(n, int(g.shape[0])) for n, g in grads.items()]
+        self._lay_out(Layout.split(named, config, ranks=self.engine.comm.size), like)
         layout = self.layout
         warm = self.steps < config.warmup_steps
         result = self.engine.step(layout, [grads[n] for n in layout.names], self.residual, self.momentum,

@@ -207,7 +207,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         named = {_path(v): g for g, v in zip(grads, variables)
                  if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
                  and g.shape.num_elements() is not None}
-        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg)
+        comm = self._collectives(op, process_set)
+        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size)
         states = [self._state(n, d) for n, d in zip(layout.names, layout.sizes)]
         key = f"{zlib.crc32(repr(layout.all_names).encode()):08x}"
         step = self.steps.get(key)
@@ -217,7 +218,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
         warm = step.steps < cfg.warmup_steps  # read before the step assigns it
-        engine = GsSgd(cfg, ops, self._collectives(op, process_set))
+        engine = GsSgd(cfg, ops, comm)
         flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
         residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
         momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
@@ -233,7 +234,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
             for s, part in zip(states, tf.split(result.momentum, list(layout.sizes)) if cfg.momentum else []):
                 s.momentum.assign(part)
         sketched, dense = layout.payload_bytes(cfg), layout.payload_bytes(cfg, dense=True)
-        counted = zip(("sketch_bytes", "exact_bytes", "dense_bytes"), sketched, dense)
+        counted = zip(("sketch_bytes", "gather_bytes", "exact_bytes", "dense_bytes"), sketched, dense)
         self._counters.add(**{k: tf.where(warm, d, b) for k, b, d in counted}, steps=1,
                            skipped=1 - tf.cast(result.applied, tf.int64))
         return {id(named[n]): _Ctx(step, o, named[n].shape, named[n].dtype)

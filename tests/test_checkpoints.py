@@ -98,7 +98,7 @@ def test_class_form_offers_the_instance_api(runs, size):
     for r in runs[size]:
         assert r["class_digest"] == r["instance_digest"]
         assert r["class_stats"] == r["instance_stats"] and r["class_stats"]["steps"] == 3
-        assert r["class_stats"]["sketch_bytes"] > 0
+        assert r["class_stats"]["sketch_bytes"] + r["class_stats"]["gather_bytes"] > 0
         assert r["class_local"] == r["instance_local"] and len(r["class_local"]) >= 2
         assert r["class_after_reset"] == r["instance_after_reset"] == 0
         assert r["class_reloaded"] == r["class_local"] and r["instance_reloaded"] == r["instance_local"]
@@ -108,5 +108,5 @@ def test_class_form_offers_the_instance_api(runs, size):
 @pytest.mark.parametrize("size", SIZES)
 def test_stats_count_what_bytes_per_step_predicts(runs, size):
     for r in runs[size]:
-        assert r["class_stats"]["sketch_bytes"] + r["class_stats"]["exact_bytes"] + r["class_stats"]["dense_bytes"] \
+        assert sum(r["class_stats"][f"{path}_bytes"] for path in ("sketch", "gather", "exact", "dense")) \
             == 3 * r["class_bytes_per_step"]

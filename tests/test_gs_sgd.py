@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -19,9 +21,9 @@ class Rank:
     """One rank's engine state across steps, kept as :class:`gs_horovod.state.GsState` keeps it
     (flat residual and momentum buffers); ``residuals`` / ``momenta``: per-tensor views."""
 
-    def __init__(self, config: GsConfig, sizes: list[int]) -> None:
+    def __init__(self, config: GsConfig, sizes: list[int], ranks: int) -> None:
         self.config, self.sizes = config, sizes
-        self.layout = Layout.build(NAMES[:len(sizes)], sizes, config)
+        self.layout = Layout.build(NAMES[:len(sizes)], sizes, config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
         self.momentum = torch.zeros(sum(sizes)) if config.momentum else None
         self.steps = 0
@@ -46,7 +48,7 @@ def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Ran
     """grads[step][rank][tensor]; returns (ranks, updates[step] of rank 0), asserting every
     rank got bitwise the same update."""
     sizes = [int(g.numel()) for g in grads[0][0]]
-    ranks = ranks or [Rank(config, sizes) for _ in grads[0]]
+    ranks = ranks or [Rank(config, sizes, len(grads[0])) for _ in grads[0]]
     updates = []
     for step_grads in grads:
         results = SimulatedRanks(len(ranks)).run(lambda r, comm, g=step_grads: ranks[r].step(comm, g[r]))
@@ -60,11 +62,12 @@ def heavy_tailed(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen) * torch.rand(*shape, generator=gen).pow(4) * 10
 
 
+@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
 @pytest.mark.parametrize("scope", ["global", "layer"])
 @pytest.mark.parametrize("prefilter", [0, 1, 2])
-def test_exact_round_conserves_every_gradient(scope, prefilter):
+def test_exact_round_conserves_every_gradient(scope, prefilter, exchange):
     # Σ_steps Σ_ranks g = P · Σ_steps Δ + Σ_ranks e: every gradient applied or still held
-    cfg = GsConfig(scope=scope, ratio=0.02, prefilter=prefilter, backend="torch")
+    cfg = GsConfig(scope=scope, ratio=0.02, prefilter=prefilter, exchange=exchange, backend="torch")
     gen = torch.Generator().manual_seed(0)
     P, sizes = 3, [3000, 1500]
     grads = [[[heavy_tailed(gen, d) for d in sizes] for _ in range(P)] for _ in range(4)]
@@ -84,7 +87,7 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
     gen = torch.Generator().manual_seed(8)
     grads = [[torch.randn(4000, generator=gen)] for _ in range(2)]
     small = [[torch.randn(10, generator=gen), torch.randn(0)] for _ in range(2)]
-    layout = Layout.build(["w"], [4000], cfg, ("b", "empty"), (10, 0))
+    layout = Layout.build(["w"], [4000], cfg, ("b", "empty"), (10, 0), ranks=2)
 
     def rank(r, comm):
         engine = GsSgd(cfg, TorchOps("torch"), comm)
@@ -97,8 +100,9 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
     assert int((updates[0][0] != 0).sum()) == 40
 
 
-def test_without_the_exact_round_a_rank_drops_only_what_it_fed():
-    cfg = GsConfig(ratio=0.01, candidates=1, exact=False, prefilter=1, backend="torch")
+@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
+def test_without_the_exact_round_a_rank_drops_only_what_it_fed(exchange):
+    cfg = GsConfig(ratio=0.01, candidates=1, exact=False, prefilter=1, exchange=exchange, backend="torch")
     gen = torch.Generator().manual_seed(1)
     grads = [[[heavy_tailed(gen, 4000)] for _ in range(2)]]
     ranks, updates = run(cfg, grads)
@@ -126,7 +130,7 @@ def test_a_planted_global_top_k_lands_entirely_in_the_tensor_that_holds_it():
     a, b = torch.randn(20_000, generator=gen) * 0.01, torch.randn(5_000, generator=gen) * 0.01
     planted = torch.randperm(5_000, generator=gen)[:25]
     b[planted] = 5.0 + torch.rand(25, generator=gen)
-    cfg = GsConfig(k=25, rows=5, width=40.0, backend="torch")
+    cfg = GsConfig(k=25, rows=5, width=40.0, exchange="sketch", backend="torch")
     _, updates = run(cfg, [[[a, b], [a, b]]])
     assert int((updates[0][0] != 0).sum()) == 0
     assert torch.equal(torch.nonzero(updates[0][1]).flatten(), planted.sort().values)
@@ -143,7 +147,7 @@ def test_candidates_let_the_exact_values_pick_the_final_k():
     truth = set(torch.topk(x.abs(), k).indices.tolist())
     hits = {}
     for m in (1, 4):
-        cfg = GsConfig(k=k, rows=5, width=8.0, candidates=m, prefilter=1, backend="torch")
+        cfg = GsConfig(k=k, rows=5, width=8.0, candidates=m, prefilter=1, exchange="sketch", backend="torch")
         _, updates = run(cfg, [[[x], [x]]])
         hits[m] = len(truth & set(torch.nonzero(updates[0][0]).flatten().tolist()))
     assert hits[4] > hits[1] and hits[4] >= 0.9 * k
@@ -153,10 +157,12 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
     # prefilter 0: the sketch of the two tensors concatenated, summed in coordinate order
     gen = torch.Generator().manual_seed(5)
     grads = [torch.randn(3000, generator=gen), torch.randn(1700, generator=gen)]
-    cfg = GsConfig(ratio=0.01, prefilter=0, sketch_dtype="float32", backend="numba")
-    layout = Layout.build(NAMES, [3000, 1700], cfg)
+    cfg = GsConfig(ratio=0.01, prefilter=0, sketch_dtype="float32", exchange="sketch", backend="numba")
+    layout = Layout.build(NAMES, [3000, 1700], cfg, ranks=1)
 
     class Capture:
+        size, averages = 1, True
+
         def allreduce(self, x, name):
             self.payload = self.payload if hasattr(self, "payload") else x.clone()
             return x
@@ -176,11 +182,12 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
     assert np.array_equal(comm.payload.numpy().reshape(cfg.rows, cols), expected)
 
 
+@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
 @pytest.mark.parametrize("nonfinite", ["raise", "skip"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact):
-    cfg = GsConfig(ratio=0.02, momentum=0.5, candidates=2 if exact else 1, exact=exact, nonfinite=nonfinite,
-                   backend="torch")
+def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchange):
+    cfg = GsConfig(ratio=0.02, momentum=0.5, candidates=2 if exact else 1, prefilter=2, exact=exact,
+                   nonfinite=nonfinite, exchange=exchange, backend="torch")
     gen = torch.Generator().manual_seed(6)
     clean = [[[torch.randn(3000, generator=gen), torch.randn(2000, generator=gen)] for _ in range(2)]]
     ranks, _ = run(cfg, clean)
@@ -201,7 +208,7 @@ def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact):
 
 def test_options_that_differ_across_ranks_fail_on_every_rank():
     sizes = [3000]
-    ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes), Rank(GsConfig(seed=1, backend="torch"), sizes)]
+    ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes, 2), Rank(GsConfig(seed=1, backend="torch"), sizes, 2)]
     grads = [[[torch.randn(3000)] for _ in range(2)]]
     with pytest.raises(ValueError, match="GsSketch options differ across ranks"):
         run(ranks[0].config, grads, ranks)
@@ -230,18 +237,63 @@ def test_momentum_correction_masks_sent_coordinates():
     assert updates[0][0][7] == 100.0 and rank.residuals[0][8] == 2.5 and rank.momenta[0][8] == 1.5
 
 
+def test_auto_takes_the_allgather_only_where_it_costs_no_more_wire_bytes():
+    # defaults (3 × 2k f16 sketch, L = 1): ring allgather 2(P−1)·8k against ring allreduce
+    # 4(P−1)/P · 12k bytes: the allgather up to P = 3
+    chosen = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P).exchange for P in (1, 2, 3, 4, 16)}
+    assert chosen == {1: "allgather", 2: "allgather", 3: "allgather", 4: "sketch", 16: "sketch"}
+    wide = GsConfig(ratio=0.01, width=8.0)  # a sketch 4× as large: the allgather up to P = 12
+    assert [Layout.build(["w"], [100_000], wide, ranks=P).exchange for P in (12, 13)] == ["allgather", "sketch"]
+    assert Layout.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
+    assert Layout.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
+
+
+def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
+    # without the exact round: Δ = (Σ over the ranks that fed i of a_r,i) / P on the k largest
+    P, d, k = 3, 2000, 20
+    gen = torch.Generator().manual_seed(11)
+    grads = [[heavy_tailed(gen, d)] for _ in range(P)]
+    cfg = GsConfig(k=k, prefilter=2, exact=False, exchange="allgather", backend="torch")
+    _, updates = run(cfg, [grads])
+    partial = torch.zeros(d, dtype=torch.float64)
+    for (g,) in grads:
+        fed = torch.topk(g.abs(), 2 * k).indices
+        partial[fed] += g[fed].double()
+    best = torch.topk(partial.abs(), k).indices
+    expected = torch.zeros(d, dtype=torch.float64)
+    expected[best] = partial[best] / P
+    torch.testing.assert_close(updates[0][0].double(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
+def test_apply_all_applies_every_exact_value_fetched(exchange):
+    cfg = GsConfig(k=30, candidates=2, prefilter=2, apply="all", exchange=exchange, backend="torch")
+    gen = torch.Generator().manual_seed(12)
+    grads = [[[heavy_tailed(gen, 3000)] for _ in range(3)] for _ in range(3)]
+    ranks, updates = run(cfg, grads)
+    assert all(int((u[0] != 0).sum()) == 60 for u in updates)
+    fed = sum(g[r][0].double() for g in grads for r in range(3))
+    held = sum(rank.residuals[0].double() for rank in ranks)
+    torch.testing.assert_close(3 * sum(u[0].double() for u in updates) + held, fed, rtol=1e-6, atol=1e-4)
+
+
 def test_k_larger_than_a_group_is_an_error_naming_it():
     with pytest.raises(ValueError, match="k=5000 exceeds the 4096 elements of 'fc.weight'"):
-        Layout.build(["fc.weight"], [4096], GsConfig(k=5000, scope="layer"))
+        Layout.build(["fc.weight"], [4096], GsConfig(k=5000, scope="layer"), ranks=4)
 
 
 def test_sizes_and_bytes_follow_the_options():
-    cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16")
-    layout = Layout.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,))
+    cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16", exchange="sketch")
+    layout = Layout.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
     (grp,) = layout.groups
     assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
-    assert layout.payload_bytes(cfg) == (3 * 2000 * 2, 2000 * 4, 10 * 4)
-    layer = Layout.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"))
+    assert layout.payload_bytes(cfg) == (3 * 2000 * 2, 0, 2000 * 4, 10 * 4)
+    assert layout.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
+    # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
+    gathered = Layout.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
+    assert gathered.groups[0].candidates == 1000
+    assert gathered.payload_bytes(cfg) == (0, 8 * 1000, 1000 * 4, 10 * 4)
+    layer = Layout.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"), ranks=4)
     assert [g.k for g in layer.groups] == [600, 400]
     assert GsConfig(k=50).k_for(2000) == 50
 
@@ -269,6 +321,9 @@ def test_sizes_and_bytes_follow_the_options():
         ({"min_size": True}, TypeError, "min_size must be an int"),
         ({"nonfinite": "ignore"}, ValueError, "nonfinite must be one of"),
         ({"check_every": -1}, ValueError, "check_every must be in"),
+        ({"apply": "best"}, ValueError, "apply must be one of"),
+        ({"apply": "all", "exact": False}, ValueError, "apply='all' applies the exact round's values"),
+        ({"exchange": "gather"}, ValueError, "exchange must be one of"),
     ],
 )
 def test_invalid_options_are_named(options, error, match):

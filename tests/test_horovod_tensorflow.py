@@ -7,8 +7,9 @@ import pytest
 from conftest import horovodrun
 
 
+@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
 @pytest.mark.parametrize("scope", ["global", "layer"])
-def test_tf_and_torch_engines_give_the_same_update(scope):
+def test_tf_and_torch_engines_give_the_same_update(scope, exchange):
     tf = pytest.importorskip("tensorflow")
     import torch
 
@@ -21,8 +22,8 @@ def test_tf_and_torch_engines_give_the_same_update(scope):
     grads = [[(rng.standard_normal(d) * rng.random(d) ** 4).astype(np.float32) for d in (3000, 2000)]
              for _ in range(2)]
     small = [[rng.standard_normal(10).astype(np.float32)] for _ in range(2)]
-    cfg = GsConfig(scope=scope, ratio=0.02, momentum=0.5, backend="torch")
-    layout = Layout.build(["a", "b"], [3000, 2000], cfg, ("c",), (10,))
+    cfg = GsConfig(scope=scope, ratio=0.02, momentum=0.5, exchange=exchange, backend="torch")
+    layout = Layout.build(["a", "b"], [3000, 2000], cfg, ("c",), (10,), ranks=2)
 
     def run(ops, to):
         def rank(r, comm):

@@ -63,11 +63,14 @@ class Meter:
     @classmethod
     def of_gs(cls, stats: CommStats, ranks: int, kind: str = "allreduce") -> Meter:
         """gs-SGD's meter from its :class:`CommStats`: per step (means so far) the sketch merge
-        and the exact round (with the small tensors), each one ``kind`` collective."""
+        and the exact round (with the small tensors), each one ``kind`` collective, and the
+        allgather where it replaced the sketch; empty ones left out."""
 
         def step() -> list[Collective]:
             steps = max(1, stats.steps)
-            return [(kind, stats.sketch_bytes / steps), (kind, (stats.exact_bytes + stats.dense_bytes) / steps)]
+            out = [(kind, stats.sketch_bytes / steps), ("allgather", stats.gather_bytes / steps),
+                   (kind, (stats.exact_bytes + stats.dense_bytes) / steps)]
+            return [(k, n) for k, n in out if n]
 
         return cls(ranks, step)
 

@@ -164,6 +164,64 @@ class TorchRanks:
         return self._reduce(value, self.dist.ReduceOp.SUM) / self.size
 
 
+class SimulatedTrainingRanks:
+    """A torch demo's rank r of P ranks simulated in one process (``--simulated-ranks P``,
+    :class:`gs_horovod.simulated.SimulatedRanks`: one thread per rank, taking turns), with the
+    calls of :class:`HorovodRanks`. Gradients are exchanged at ``optimizer.step()`` through the
+    rank's :class:`~gs_horovod.simulated.SimulatedComm`: gs-SGD by the engine itself (a
+    :class:`gs_horovod.state.GsState`), a baseline by its ``Exchange``, "none" by the exact mean;
+    so the process computes what P processes would, up to the order of floating-point sums."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm, self.rank, self.size = comm, comm.rank, comm.size
+
+    def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
+                   optimizer_state: bool = True) -> tuple[Any, Any, Any]:
+        """(model, optimizer, Meter); every rank builds the same weights from the same seed."""
+        from ..baselines import METHODS, ExchangeOptimizer, Meter
+        from ..simulated import EngineExchange, MeanExchange
+
+        ratio, options = method_options(args)
+        ratio_arg = {} if ratio is None else {"ratio": ratio}
+        if args.compression == "gs":
+            exchange: Any = EngineExchange(self.comm, **ratio_arg, **options)
+        elif args.compression == "none":
+            exchange = MeanExchange()
+        elif args.compression in METHODS:
+            exchange = METHODS[args.compression](**ratio_arg, **options)
+        else:
+            raise SystemExit(f"--simulated-ranks runs gs, none and the baselines, not --compression {args.compression}")
+        opt = ExchangeOptimizer(optimizer, model.named_parameters(), exchange, self.comm)
+        return model, opt, Meter.of_traffic(self.comm.traffic)
+
+    def min(self, value: int) -> int:
+        return int(min(self.comm.values(value, "min")))
+
+    def mean(self, value: float) -> float:
+        values = self.comm.values(value, "mean")
+        return sum(values) / len(values)
+
+
+def add_simulated_flag(p: argparse.ArgumentParser) -> None:
+    """``--simulated-ranks P`` (see :func:`run_on_ranks`)."""
+    p.add_argument("--simulated-ranks", type=int, metavar="P",
+                   help="run P ranks in this one process instead of under a launcher (gs-SGD's engine and the "
+                        "baselines on simulated collectives; no horovodrun or torchrun)")
+
+
+def run_on_ranks(args: argparse.Namespace, train: Callable[[Any], dict]) -> dict:
+    """``train(ranks)`` for this process's rank under horovodrun or torchrun
+    (:func:`ranks_from_env`), or with ``--simulated-ranks P`` for each of P ranks simulated in
+    this process (:class:`SimulatedTrainingRanks`); this process's (rank 0's) result."""
+    if args.simulated_ranks is None:
+        return train(ranks_from_env())
+    if args.simulated_ranks < 1:
+        raise SystemExit(f"--simulated-ranks must be >= 1, got {args.simulated_ranks}")
+    from ..simulated import SimulatedRanks
+
+    return SimulatedRanks(args.simulated_ranks).run(lambda rank, comm: train(SimulatedTrainingRanks(comm)))[0]
+
+
 def ranks_from_env() -> HorovodRanks | TorchRanks:
     """TorchRanks when the launcher set ``RANK`` and ``WORLD_SIZE`` (torchrun), else HorovodRanks."""
     import os

@@ -86,7 +86,7 @@ def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]],
             ratio: Optional[float] = None) -> list[Collective]:
     """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
     sizes alone, as each method's own code counts them: Horovod's dense (f32) or fp16 allreduce;
-    gs-SGD's sketch and exact-round allreduces (``Layout.split(...).payload_bytes``; tree merge
+    gs-SGD's sketch (or allgather) and exact-round allreduces (``Layout.collectives``; tree merge
     under merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records
     them; a baseline's ``Exchange.planned``. ``ratio`` applies to the methods that take one
     (:func:`takes_ratio`; None: their default)."""
@@ -96,7 +96,5 @@ def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]],
     if method != "gs":
         return exchange(method, options, ratio).planned(shapes, ranks)
     config, merge = gs_config(options, ratio)
-    layout = Layout.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config)
-    sketch, exact, dense = layout.payload_bytes(config)
-    kind = "tree" if merge == "mpi" else "allreduce"
-    return [(kind, float(sketch)), (kind, float(exact + dense))]
+    layout = Layout.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config, ranks=ranks)
+    return layout.collectives(config, merge="tree" if merge == "mpi" else "allreduce")

@@ -187,6 +187,24 @@ class TfOps:
     def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
         return heavy_hitters(table, keys, length, count)
 
+    def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
+        return tf.concat([tf.bitcast(tf.cast(idx, tf.int32), tf.float32), vals], 0)
+
+    def unpack_pairs(self, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        n = rows.shape[1] // 2
+        return tf.cast(tf.bitcast(rows[:, :n], tf.int32), tf.int64), rows[:, n:]
+
+    def columns(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
+        return x[:, start:start + size]
+
+    def union_sum(self, idx: tf.Tensor, vals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        union, _ = tf.unique(tf.sort(tf.reshape(idx, [-1])))
+        sums = tf.zeros(tf.shape(union), vals.dtype)
+        for r in range(idx.shape[0]):  # a row's positions are distinct: no two writes collide
+            pos = tf.searchsorted(union, idx[r])
+            sums = tf.tensor_scatter_nd_add(sums, pos[:, None], vals[r])
+        return union, sums
+
     def checksum(self, idx: tf.Tensor) -> tf.Tensor:
         """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""
         low = tf.reduce_sum(tf.math.floormod(idx, 65521) ** 2) % (2**21)

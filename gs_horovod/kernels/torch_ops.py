@@ -366,6 +366,24 @@ class TorchOps:
                       count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return heavy_hitters(self.backend, table.contiguous(), keys, length, count)
 
+    def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        return torch.cat([idx.to(torch.int32).view(torch.float32), vals])
+
+    def unpack_pairs(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = rows.shape[1] // 2
+        return rows[:, :n].contiguous().view(torch.int32).long(), rows[:, n:]
+
+    def columns(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
+        return x[:, start:start + size]
+
+    def union_sum(self, idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        union = torch.unique(idx)
+        sums = torch.zeros(len(union), dtype=vals.dtype, device=vals.device)
+        for row, v in zip(idx, vals):  # a row's positions are distinct: no two writes collide
+            pos = torch.searchsorted(union, row)
+            sums[pos] = sums[pos] + v
+        return union, sums
+
     def checksum(self, idx: torch.Tensor) -> int:
         return zlib.crc32(idx.cpu().numpy().tobytes())
 

@@ -36,11 +36,11 @@ class GsRank:
     """One rank's gs-SGD state as the adapters keep it (a flat residual), stepping the real
     engine (``GsSgd.step``) with the rank's collectives."""
 
-    def __init__(self, ratio: float, shapes: list[tuple[int, ...]]) -> None:
+    def __init__(self, ratio: float, shapes: list[tuple[int, ...]], ranks: int) -> None:
         self.config = GsConfig(ratio=ratio)
         self.ops = TorchOps(self.config.backend)
         sizes = [s[0] * s[1] for s in shapes]
-        self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config)
+        self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
         self.steps = 0
 
@@ -51,13 +51,13 @@ class GsRank:
         return out.update
 
 
-METHODS: dict[str, Callable[[float, list], Any]] = {
-    "gs-SGD (defaults)": lambda r, shapes: GsRank(r, shapes),
-    "top-k allgather": lambda r, shapes: TopKAllgather(ratio=r),
-    "gTop-k": lambda r, shapes: GTopK(ratio=r),
-    "Sketched-SGD (published sizes)": lambda r, shapes: SketchedSGD(ratio=r),
-    "PowerSGD r1": lambda r, shapes: PowerSGD(rank=1),
-    "PowerSGD r4": lambda r, shapes: PowerSGD(rank=4),
+METHODS: dict[str, Callable[[float, list, int], Any]] = {  # (ratio, shapes, ranks) → one rank's method
+    "gs-SGD (defaults)": GsRank,
+    "top-k allgather": lambda r, shapes, P: TopKAllgather(ratio=r),
+    "gTop-k": lambda r, shapes, P: GTopK(ratio=r),
+    "Sketched-SGD (published sizes)": lambda r, shapes, P: SketchedSGD(ratio=r),
+    "PowerSGD r1": lambda r, shapes, P: PowerSGD(rank=1),
+    "PowerSGD r4": lambda r, shapes, P: PowerSGD(rank=4),
 }
 
 
@@ -69,7 +69,7 @@ def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int
     for r in range(ranks):
         g = torch.Generator().manual_seed(r)
         grads.append([(n, torch.randn(s, generator=g)) for n, s in zip(NAMES, shapes)])
-    states = {m: [METHODS[m](ratio, shapes) for _ in range(ranks)] for m in methods}
+    states = {m: [METHODS[m](ratio, shapes, ranks) for _ in range(ranks)] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     for step in range(steps + 1):
         for m in methods:

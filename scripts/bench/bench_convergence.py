@@ -6,13 +6,21 @@ seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or 
     python scripts/bench/bench_convergence.py --model lm --hidden 512 --out-dir docs
     python scripts/bench/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
     python scripts/bench/bench_convergence.py --launcher torchrun --ranks 2 --out-dir docs   # DDP hooks
+    python scripts/bench/bench_convergence.py --simulated-ranks 16 --out-dir docs      # 16 ranks in one process
+    python scripts/bench/bench_convergence.py --simulated-ranks 16 --quick              # ends gs_vs_best ...
 
 Each (method, ratio, seed) is one ``horovodrun -np RANKS --gloo`` run of the model's script;
 writes ``convergence_<model>.json``, ``convergence_<model>.png`` and Markdown tables (mean ±
 half the range over seeds) to stdout. A run that fails is reported and left out, the others go on.
 ``--launcher torchrun`` runs the model's script under ``torchrun`` instead: DistributedDataParallel
 with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
-hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``.
+hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--simulated-ranks P``
+runs each script with ``--simulated-ranks P`` instead (P ranks in one process: the engine and
+the baselines on simulated collectives, :class:`gs_horovod.bench.cli.SimulatedTrainingRanks`),
+into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch 8 per rank,
+k = D/1000, one seed) ends with the line ``gs_vs_best P=<P> metric_ratio <x> wire_bytes_ratio <y>``:
+x = gs's final metric over the best other method's within gs's cumulative wire bytes (accuracy:
+above 1 is gs ahead; perplexity: below 1 is), y = gs's wire MB over that method's at that point.
 
 Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
@@ -63,6 +71,9 @@ WORKLOADS = {
 }
 QUICK = {"methods": ["gs", "sketched = gs"], "ratios": [0.01], "seeds": [0], "epochs": 1,
          "ranks": 2, "model": "mlp"}
+QUICK_SIMULATED = {"methods": ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", "powersgd r1"],
+                   "ratios": [0.001], "seeds": [0], "epochs": 2, "model": "cnn", "batch_size": 8}
+SIMULATED = [label for label in METHODS if label not in ("fp16", "sketched = gs")]  # fp16 is Horovod's
 
 
 def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
@@ -128,7 +139,9 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
         out = os.path.join(tmp, "h.json")
         launcher = os.path.join(os.path.dirname(sys.executable), args.launcher)
         _, script, model, _ = WORKLOADS[args.model]
-        if args.launcher == "torchrun":
+        if args.simulated_ranks:
+            start = []
+        elif args.launcher == "torchrun":
             start = [launcher, "--standalone", "--nproc_per_node", str(args.ranks), "--no-python"]
         else:
             start = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
@@ -137,10 +150,14 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
                "--compression", compression, "--seed", str(seed), "--json", out, *extra]
         if args.hidden is not None:
             cmd += ["--hidden", str(args.hidden)]
+        if args.batch_size is not None:
+            cmd += ["--batch-size", str(args.batch_size)]
+        if args.simulated_ranks:
+            cmd += ["--simulated-ranks", str(args.simulated_ranks)]
         if label not in UNCOMPRESSED:
             cmd += ["--ratio", str(ratio)]
         if label == "sketched = gs":
-            sizes = equal_wire_sketched(model_shapes(args), ratio, args.ranks)
+            sizes = equal_wire_sketched(model_shapes(args), ratio, args.simulated_ranks or args.ranks)
             cmd += [arg for name, value in sizes.items() for arg in ("--opt", f"{name}={value}")]
         env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
         subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
@@ -247,6 +264,26 @@ def headline(runs: dict, metric: str, reference: str = "gs") -> str:
     return "\n".join(lines)
 
 
+def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str]:
+    """(gs's final metric / the best peer's, gs's wire MB / that peer's, its key): the peers
+    (every method but dense, at ``ratio`` or taking none) at their last evaluation within gs's
+    whole cumulative wire bytes, the best by ``metric``."""
+    gs = runs[f"gs @ {ratio:g}"]
+    last, sent = final(gs, metric), sum(curves(r, metric)[1][-1] for r in gs.values()) / len(gs)
+    peers = {}
+    for key, seeds in runs.items():
+        label, at = key.rsplit(" @ ", 1)
+        if label not in ("gs", "dense") and at in (f"{ratio:g}", "1"):
+            got = at_bytes(seeds, metric, sent)
+            if got:
+                peers[key] = got
+    if not peers:
+        raise ValueError("no other method stayed within gs's wire bytes at its first evaluation")
+    pick = min if metric == "perplexity" else max
+    key = pick(peers, key=lambda k: peers[k][0])
+    return last / peers[key][0], sent / peers[key][1], key
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(WORKLOADS), default="cnn")
@@ -255,6 +292,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=120, help="lm: the step budget, every method")
     p.add_argument("--eval-every", type=int, default=20, help="lm: steps between held-out perplexities")
     p.add_argument("--hidden", type=int, help="the model's --hidden (default: the script's)")
+    p.add_argument("--batch-size", type=int, help="the script's --batch-size per rank (default: the script's)")
+    p.add_argument("--simulated-ranks", type=int, metavar="P",
+                   help="P ranks simulated in one process (the scripts' --simulated-ranks) instead of a launcher")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--methods", nargs="+",
@@ -268,22 +308,28 @@ def main() -> None:
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
     args = p.parse_args()
-    if args.quick:
+    if args.quick and args.simulated_ranks:
+        q = QUICK_SIMULATED
+        args.methods, args.ratios, args.seeds, args.epochs, args.model, args.batch_size = (
+            q["methods"], q["ratios"], q["seeds"], q["epochs"], q["model"], q["batch_size"])
+    elif args.quick:
         args.methods, args.ratios, args.seeds, args.epochs, args.ranks, args.model = (
             QUICK["methods"], QUICK["ratios"], QUICK["seeds"], QUICK["epochs"], QUICK["ranks"], QUICK["model"])
     if not args.methods:
         args.methods = DDP_DEFAULT if args.launcher == "torchrun" else DEFAULT_METHODS
-    known = DDP_LABELS if args.launcher == "torchrun" else list(METHODS)
+    known = SIMULATED if args.simulated_ranks else DDP_LABELS if args.launcher == "torchrun" else list(METHODS)
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         p.error(f"unknown methods {unknown} for --launcher {args.launcher}; known: {known}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"convergence_{args.model}" + (f"_ddp{args.ranks}" if args.launcher == "torchrun" else "")
+    stem = f"convergence_{args.model}" + (f"_sim{args.simulated_ranks}" if args.simulated_ranks else
+                                          f"_ddp{args.ranks}" if args.launcher == "torchrun" else "")
     data = out / f"{stem}.json"
     name, _, _, metric = WORKLOADS[args.model]
-    via = ", DDP hooks (torchrun)" if args.launcher == "torchrun" else ""
-    title = f"{name}, {args.ranks} ranks{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
+    via = ", DDP hooks (torchrun)" if args.launcher == "torchrun" and not args.simulated_ranks else ""
+    ranks = f"{args.simulated_ranks} simulated ranks" if args.simulated_ranks else f"{args.ranks} ranks"
+    title = f"{name}, {ranks}{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:
         runs = json.loads(data.read_text())
         print(table(runs, metric) + "\n\n" + headline(runs, metric))
@@ -307,6 +353,11 @@ def main() -> None:
     print(table(runs, metric))
     print("\n" + headline(runs, metric))
     plot(runs, out / f"{stem}.png", title, metric)
+    if args.simulated_ranks and "gs" in args.methods:
+        for ratio in args.ratios:
+            x, y, peer = gs_vs_best(runs, metric, ratio)
+            print(f"\nbest peer within gs's wire bytes at k = D·{ratio:g}: {peer}")
+            print(f"gs_vs_best P={args.simulated_ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from gs_horovod.simulated import SimulatedComm, SimulatedRanks
 from gs_horovod.state import CommStats, GsState
 from gs_horovod.wire import wire_bytes
 
-SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope")
+SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange")
 MIN_SIZE = GsConfig().min_size
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
@@ -77,9 +77,11 @@ def shipped_settings() -> GsConfig:
 
 
 def label(cfg: GsConfig) -> str:
-    """``r<rows> w<width> m<candidates>|noexact L<prefilter> f16|f32``."""
+    """``r<rows> w<width> m<candidates>|noexact L<prefilter> f16|f32[ all][ sketch|allgather]``
+    (``all``: apply="all"; the exchange when it is forced, not "auto")."""
     m = f"m{cfg.candidates}" if cfg.exact else "noexact"
-    return f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
+    text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
+    return text + (" all" if cfg.apply == "all" else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
 
 
 def is_shipped(r: dict) -> bool:
@@ -321,7 +323,9 @@ def simulate(task: Task, method: Method, steps: int, ratio: float) -> dict:
         losses.append(loss)
         task.apply(updates)
     payload, wire = method.bytes() or (None, None)
+    used = [x.layout.exchange for x in getattr(method, "each", []) if isinstance(x, GsState)][:1]
     return {"task": task.name, "P": P, "ratio": ratio, "steps": steps, **method.info,
+            **({"exchange_used": used[0]} if used else {}),
             "mass": float(np.mean(masses)), "mass_steps": masses, "loss": losses,
             "wire": wire, "payload": payload, "seconds": time.perf_counter() - t0}
 
@@ -339,12 +343,23 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     'pruned' drops f32 except at the shipped point, and prefilter 0 beyond 2 configs; 'small'
     keeps prefilter 1 and f16 but for 3 configs; 'quick' is a neighbourhood of the shipped
     sizes; 'shipped' is them; every level but 'none' ends with the old defaults (layer scope,
-    rows 5, width 4, 1 candidate round, whole residuals, f32)."""
+    rows 5, width 4, 1 candidate round, whole residuals, f32); 'sizing' is the study of
+    issue 20: the sketch forced at widths 2–16 and 1, 2 or 4 candidates, the allgather forced
+    at pre-filters 1 and 2, each applying the top k or all fetched values."""
     shipped = shipped_settings()
     if level == "none":
         return
     if level == "shipped":
         yield shipped
+    elif level == "sizing":
+        yield shipped
+        for width, m, apply in product((2.0, 4.0, 8.0, 16.0), (1, 2, 4), ("topk", "all")):
+            if m > 1 or apply == "topk":
+                yield replace(shipped, exchange="sketch", width=width, candidates=m, apply=apply)
+        for pre, m, apply in product((1, 2), (1, 2), ("topk", "all")):
+            if m <= pre and (m > 1 or apply == "topk"):
+                yield replace(shipped, exchange="allgather", prefilter=pre, candidates=m, apply=apply)
+        yield replace(shipped, exchange="allgather", exact=False)
     elif level == "quick":
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0},
                        {"width": 4.0}, {"candidates": 2}, {"exact": False}, {"prefilter": 2}, {"prefilter": 0},
@@ -540,7 +555,8 @@ def main() -> None:
     p.add_argument("--ratios", default="0.01,0.001")
     p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
-    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "none"], default="full")
+    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "none"],
+                   default="full")
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")
     p.add_argument("--planted-d", type=int, default=2 ** 16, help="(c): D")
     p.add_argument("--baselines", default="all", help="all, core, none or a list (see run())")

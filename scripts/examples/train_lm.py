@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gs_horovod.baselines import METHODS
-from gs_horovod.bench.cli import Report, add_compression_flags, ranks_from_env
+from gs_horovod.bench.cli import Report, add_compression_flags, add_simulated_flag, run_on_ranks
 from gs_horovod.bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_compression_flags(p, ["gs", "none", "fp16", *METHODS])
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
+    add_simulated_flag(p)
     args = p.parse_args(argv)
     if args.steps % args.eval_every:
         p.error(f"--steps {args.steps} is not a multiple of --eval-every {args.eval_every}")
@@ -51,7 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    ranks = ranks_from_env()
+    return run_on_ranks(args, lambda ranks: train(args, ranks))
+
+
+def train(args: argparse.Namespace, ranks: Any) -> dict:
+    """One rank's training (``ranks``: gs_horovod.bench.cli's HorovodRanks, TorchRanks or
+    SimulatedTrainingRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 

@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 from gs_horovod.bench.cli import Report, demo_arguments, gs_options  # noqa: E402
 from gs_horovod.bench.workloads import digits_shard  # noqa: E402
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
-from gs_horovod.wire import wire_bytes  # noqa: E402
+from gs_horovod.wire import total_wire_bytes  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> dict:
     hvd.broadcast_variables(model.variables, root_rank=0)
     if args.compression == "gs":
         compression = GsSketch(**gs_options(args))
-        bytes_per_step = compression.bytes_per_step(model.trainable_variables)
+        collectives = compression.collectives_per_step(model.trainable_variables)
     else:
         compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
-        bytes_per_step = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
-        bytes_per_step //= 2 if args.compression == "fp16" else 1
+        itemsize = 2 if args.compression == "fp16" else 4
+        collectives = [("allreduce", float(sum(v.shape.num_elements() * itemsize for v in model.trainable_variables)))]
+    bytes_per_step = sum(n for _, n in collectives)
     dense_bytes = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
 
     @tf.function
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
                                         op=hvd.Min, name="steps"))
     rng = np.random.default_rng(args.seed + hvd.rank())
-    wire = wire_bytes("allreduce", bytes_per_step, hvd.size())
+    wire = total_wire_bytes(collectives, hvd.size())
     report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: (bytes_per_step, wire), steps_per_epoch,
                     args.epochs)
     for epoch in report.periods():

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from gs_horovod.baselines import METHODS
-from gs_horovod.bench.cli import Report, demo_arguments, ranks_from_env
+from gs_horovod.bench.cli import Report, add_simulated_flag, demo_arguments, run_on_ranks
 from gs_horovod.bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
 EPOCHS = {"cnn": 10, "mlp": 30}
@@ -36,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="cnn: MNIST-5k CNN (default); mlp: scikit-learn digits MLP")
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
+    add_simulated_flag(p)
     args = p.parse_args(argv)
     if args.epochs is None:
         args.epochs = EPOCHS[args.model]
@@ -48,7 +50,12 @@ def make_model(args: argparse.Namespace) -> torch.nn.Module:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    ranks = ranks_from_env()
+    return run_on_ranks(args, lambda ranks: train(args, ranks))
+
+
+def train(args: argparse.Namespace, ranks: Any) -> dict:
+    """One rank's training (``ranks``: gs_horovod.bench.cli's HorovodRanks, TorchRanks or
+    SimulatedTrainingRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 

@@ -29,7 +29,7 @@ def main(out_dir: str) -> None:
     run(gs, make_step(gs, compression), x, y, range(3))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
-    model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64)
+    model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange="sketch")
     step = make_step(model, compression)
     result["digests"] = digests_after_each(model, step, x, y, 4)
     result["merge_calls"] = compression.merge_stats.calls

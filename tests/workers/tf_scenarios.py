@@ -166,7 +166,7 @@ def main(out_dir: str) -> None:
 
     # Last, as a failed step leaves Horovod's collectives of that step unmatched: a selection
     # that differs on one rank (check_every), and options that differ across ranks.
-    model, gs = Mlp(7), GsSketch(ratio=0.05, min_size=64, check_every=1)
+    model, gs = Mlp(7), GsSketch(ratio=0.05, min_size=64, check_every=1, exchange="sketch")
     if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
         heavy_hitters = gs.ops.heavy_hitters
         gs.ops.heavy_hitters = lambda table, keys, n, count: ((heavy_hitters(table, keys, n, count)[0] + 1) % n,

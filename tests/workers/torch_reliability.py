@@ -71,7 +71,7 @@ def selection_checksum(result: dict, x, y) -> None:
         step(model, opt, x, y, i)
     result["check_every_clean"] = True
     model = mlp(8)
-    gs = GsSketch(ratio=0.05, min_size=64, check_every=2)
+    gs = GsSketch(ratio=0.05, min_size=64, check_every=2, exchange="sketch")
     if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
         heavy_hitters = gs.ops.heavy_hitters
 

@@ -85,7 +85,7 @@ def mpi_merge(result: dict, x: torch.Tensor, y: torch.Tensor) -> None:
     train(gs, distributed(gs, "m.gs.", compression), x, y, steps=5)
     result["mpi_k_equals_d_max_abs_diff"] = (flat(dense) - flat(gs)).abs().max().item()
     model = mlp(1)
-    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64)
+    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange="sketch")
     opt = distributed(model, "m.d.", compression)
     digests = []
     for _ in range(10):
