@@ -20,12 +20,15 @@ group of n coordinates with k = ceil(ratio · n) (or the fixed ``k``)::
 The exchange that nominates C_t is the sketch above or, with ``exchange="allgather"``, an exact
 sparse allgather of every rank's (F_t, a_t[F_t]) (8 bytes a coordinate): the union of the P
 sets with their partial sums Σ_{r : i ∈ F_r} a_r,i stands in for the merged sketch's estimates
-(C_t: the top-(m·k) of them, m·k ≤ L·k). ``exchange="auto"`` takes the allgather when its wire
-bytes at this P are no more than the sketch merge's (:meth:`Layout.build`), which with the
-default sizes is P ≤ 3: every later stage, rule and check is the same for both.
+(C_t: the top-(m·k) of them, m·k ≤ L·k). Its own defaults are no exact round and the whole
+union applied: top-k allgather. ``exchange="auto"`` takes the allgather when its wire bytes at
+this P are no more than the sketch's, each with its exact round as configured
+(:meth:`Layout.build`): with the default sizes, P ≤ 4. Every later stage, rule and check is the
+same for both.
 
 Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
-only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t). Either way
+only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t); under the allgather with
+``apply="all"``, C_t is the whole union (so every rank drops all of F_t: top-k allgather). Either way
 Σ_ranks e_t + P · Δ_t = Σ_ranks a_t exactly with the exact round: nothing is lost, only delayed.
 
 During the first ``warmup_steps`` steps a_t itself is averaged (dense) and e_t = 0. A merged
@@ -89,16 +92,20 @@ class GsConfig:
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k: cols = ceil(width · k).
     candidates: m; the sketch nominates m·k coordinates and the exact round picks k of them
-        (m > 1 needs ``exact``).
-    apply: "topk" applies the k largest of the m·k exact values fetched, "all" applies every
-        one of them (needs ``exact``).
+        (m > 1 needs the exact round).
+    apply: "topk" applies the k largest of the m·k exact values fetched (without the exact
+        round: of the estimates); "all" applies every value delivered: all m·k exact values, or
+        without the exact round every estimate (under the allgather: the whole union of the
+        ranks' pre-filtered sets with their partial sums, which is top-k allgather). None: the
+        exchange's own, "topk" for the sketch, "all" for the allgather.
     exchange: what nominates the candidates: "sketch" (the paper's method), "allgather" (every
         rank's pre-filtered coordinates, exactly), or "auto": the allgather wherever its wire
         bytes are no more than the sketch's at the step's P and layout.
     prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
-    exact: run the second, (m·k)-sized allreduce for the exact values of the candidates.
+    exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
+        the exchange's own, True for the sketch (and whenever m > 1), False for the allgather.
     warmup_steps: steps sent dense before sketching starts.
     min_size: tensors with fewer elements are sent dense, uncompressed.
     momentum: momentum-correction factor m in [0, 1) (use with a momentum-free optimizer).
@@ -115,12 +122,12 @@ class GsConfig:
     rows: int = 3
     width: float = 2.0
     candidates: int = 1
-    apply: str = "topk"
+    apply: Optional[str] = None
     exchange: str = "auto"
     prefilter: int = 1
     sketch_dtype: str = "float16"
     seed: int = 0
-    exact: bool = True
+    exact: Optional[bool] = None
     warmup_steps: int = 0
     min_size: int = 1024
     momentum: float = 0.0
@@ -142,13 +149,12 @@ class GsConfig:
         _check_number("prefilter", self.prefilter, int, 0, 1024)
         _check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
         _check_number("seed", self.seed, int, 0, 2**64 - 1)
-        if not isinstance(self.exact, bool):
-            raise TypeError(f"exact must be a bool, got {type(self.exact).__name__}")
-        if self.candidates > 1 and not self.exact:
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise TypeError(f"exact must be a bool or None, got {type(self.exact).__name__}")
+        if self.candidates > 1 and self.exact is False:
             raise ValueError(f"candidates={self.candidates} needs the exact round (exact=True)")
-        _check_choice("apply", self.apply, APPLY)
-        if self.apply == "all" and not self.exact:
-            raise ValueError("apply='all' applies the exact round's values: it needs exact=True")
+        if self.apply is not None:
+            _check_choice("apply", self.apply, APPLY)
         _check_choice("exchange", self.exchange, EXCHANGES)
         _check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         _check_number("min_size", self.min_size, int, 1, 2**62)
@@ -158,6 +164,18 @@ class GsConfig:
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("nonfinite", self.nonfinite, NONFINITE)
         _check_number("check_every", self.check_every, int, 0, 2**62)
+
+    def exact_for(self, exchange: str) -> bool:
+        """Whether the exact round runs under ``exchange`` ("sketch" or "allgather")."""
+        if self.exact is not None:
+            return self.exact
+        return exchange == "sketch" or self.candidates > 1
+
+    def apply_for(self, exchange: str) -> str:
+        """What is applied under ``exchange`` ("sketch" or "allgather")."""
+        if self.apply is not None:
+            return self.apply
+        return "all" if exchange == "allgather" and not self.exact_for(exchange) else "topk"
 
     def k_for(self, n: int) -> int:
         """Coordinates applied per step for a group of n coordinates."""
@@ -195,7 +213,8 @@ class Layout:
     names / sizes / offsets: the compressed tensors (sorted by name) in the step's vector of
     ``total`` = D coordinates; dense_names / dense_sizes: the tensors below ``min_size``, sent
     exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
-    exchange: "sketch" or "allgather", the config's choice for ``ranks`` (P) ranks.
+    exchange: "sketch" or "allgather", the config's choice for ``ranks`` (P) ranks; exact /
+    apply: the config's for that exchange (:meth:`GsConfig.exact_for`, :meth:`GsConfig.apply_for`).
     """
 
     names: tuple[str, ...]
@@ -206,14 +225,16 @@ class Layout:
     dense_names: tuple[str, ...] = ()
     dense_sizes: tuple[int, ...] = ()
     exchange: str = "sketch"
+    exact: bool = True
+    apply: str = "topk"
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
               dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
-        ``exchange="auto"`` resolves to the allgather when ``wire_bytes("allgather", 8·Σ L·k)``
-        ≤ ``wire_bytes("allreduce", Σ rows·cols·itemsize)`` at P = ``ranks`` (both
-        :mod:`gs_horovod.wire`'s ring formulas), else to the sketch."""
+        ``exchange="auto"`` resolves to the allgather when its wire bytes at P = ``ranks`` are no
+        more than the sketch's, each path with its exact round as :meth:`GsConfig.exact_for`
+        says (:mod:`gs_horovod.wire`'s ring formulas)."""
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -227,18 +248,25 @@ class Layout:
             k = config.k_for(size)
             fed = min(size, config.prefilter * k) if config.prefilter else size
             groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
+        gathered = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
         exchange = config.exchange
         if exchange == "auto":
             itemsize = 2 if config.sketch_dtype == "float16" else 4
+
+            def exact_round(exchange: str, groups: list[Group]) -> float:
+                return wire_bytes("allreduce", 4 * sum(g.candidates for g in groups), ranks) \
+                    if config.exact_for(exchange) else 0.0
+
             sketch = wire_bytes("allreduce", sum(config.rows * g.cols for g in groups) * itemsize, ranks)
             gather = wire_bytes("allgather", sum(8 * g.fed for g in groups), ranks)
-            exchange = "allgather" if gather <= sketch and start < MAX_GATHERED else "sketch"
+            fits = gather + exact_round("allgather", gathered) <= sketch + exact_round("sketch", groups)
+            exchange = "allgather" if fits and start < MAX_GATHERED else "sketch"
         if exchange == "allgather":
             if start >= MAX_GATHERED:
                 raise ValueError(f"exchange='allgather' sends int32 indices: {start} coordinates is too many")
-            groups = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
+            groups = gathered
         return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
-                   tuple(dense_sizes), exchange)
+                   tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange))
 
     @classmethod
     def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int) -> Layout:
@@ -276,7 +304,7 @@ class Layout:
             sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
         else:
             gather = sum(8 * g.fed for g in self.groups)
-        exact = sum(g.candidates for g in self.groups) * 4 if config.exact else 0
+        exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
         return sketch, gather, exact, sum(self.dense_sizes) * 4
 
     def collectives(self, config: GsConfig, dense: bool = False, merge: str = "allreduce") -> list[tuple[str, float]]:
@@ -395,7 +423,7 @@ class GsSgd:
         picks, finite = self._gather(layout, a, fed) if gathered else self._sketch(layout, a, fed)
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
         n_dense = sum(layout.dense_sizes)
-        if cfg.exact:
+        if layout.exact:
             cand = ops.concat([idx for idx, _ in picks])
             ncand = sum(grp.candidates for grp in layout.groups)
             local = ops.take(a, cand) if dense is None else ops.concat([ops.take(a, cand), dense])
@@ -403,7 +431,7 @@ class GsSgd:
             exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, n_dense)
             finite = ops.logical_and(finite, ops.all_finite(reduced))
             checks.append(self._fail_unless_finite(layout, finite, a, dense, steps))
-            if cfg.apply == "all":
+            if layout.apply == "all":
                 sel, values = cand, exact
             else:
                 chosen, values, first = [], [], 0
@@ -456,10 +484,10 @@ class GsSgd:
         return picks, ops.all_finite(merged)
 
     def _gather(self, layout: Layout, a: Array, fed: list[Array]) -> tuple[list[tuple[Array, Array]], Any]:
-        """Each group's candidates (idx (m·k,) ascending, estimates (m·k,) f32): the m·k of
-        largest |partial sum| in the union of every rank's ``fed`` set, from one allgather of
-        (index, value) pairs; the estimate is the partial sum as ``allreduce`` reduces (mean or
-        sum). Also whether every gathered value is finite."""
+        """Each group's candidates (idx ascending, estimates f32): the m·k of largest |partial
+        sum| in the union of every rank's ``fed`` set (the whole union with ``apply="all"`` and
+        no exact round), from one allgather of (index, value) pairs; the estimate is the partial
+        sum as ``allreduce`` reduces (mean or sum). Also whether every gathered value is finite."""
         ops, P = self.ops, self.comm.size
         mine = ops.concat(fed)
         n = sum(g.fed for g in layout.groups)
@@ -467,11 +495,13 @@ class GsSgd:
                            (P, 2 * n))
         idx, vals = ops.unpack_pairs(rows)
         picks, first = [], 0
+        whole = layout.apply == "all" and not layout.exact
         for grp in layout.groups:
             union, sums = ops.union_sum(ops.columns(idx, first, grp.fed), ops.columns(vals, first, grp.fed))
-            best = ops.top_abs(sums, grp.candidates)
-            est = ops.take(sums, best)
-            picks.append((ops.take(union, best), est / P if self.comm.averages else est))
+            if not whole:
+                best = ops.top_abs(sums, grp.candidates)
+                union, sums = ops.take(union, best), ops.take(sums, best)
+            picks.append((union, sums / P if self.comm.averages else sums))
             first += grp.fed
         return picks, ops.all_finite(vals)
 

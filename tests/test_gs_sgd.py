@@ -67,7 +67,7 @@ def heavy_tailed(gen: torch.Generator, *shape: int) -> torch.Tensor:
 @pytest.mark.parametrize("prefilter", [0, 1, 2])
 def test_exact_round_conserves_every_gradient(scope, prefilter, exchange):
     # Σ_steps Σ_ranks g = P · Σ_steps Δ + Σ_ranks e: every gradient applied or still held
-    cfg = GsConfig(scope=scope, ratio=0.02, prefilter=prefilter, exchange=exchange, backend="torch")
+    cfg = GsConfig(scope=scope, ratio=0.02, prefilter=prefilter, exchange=exchange, exact=True, backend="torch")
     gen = torch.Generator().manual_seed(0)
     P, sizes = 3, [3000, 1500]
     grads = [[[heavy_tailed(gen, d) for d in sizes] for _ in range(P)] for _ in range(4)]
@@ -83,7 +83,7 @@ def test_exact_round_conserves_every_gradient(scope, prefilter, exchange):
 
 @pytest.mark.parametrize("exact", [True, False])
 def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
-    cfg = GsConfig(ratio=0.01, exact=exact, backend="torch")
+    cfg = GsConfig(ratio=0.01, exact=exact, exchange="sketch", backend="torch")
     gen = torch.Generator().manual_seed(8)
     grads = [[torch.randn(4000, generator=gen)] for _ in range(2)]
     small = [[torch.randn(10, generator=gen), torch.randn(0)] for _ in range(2)]
@@ -215,7 +215,7 @@ def test_options_that_differ_across_ranks_fail_on_every_rank():
 
 
 def test_warmup_sends_dense_then_sketches():
-    cfg = GsConfig(ratio=0.01, warmup_steps=2, backend="torch")
+    cfg = GsConfig(ratio=0.01, warmup_steps=2, exchange="sketch", backend="torch")
     gen = torch.Generator().manual_seed(7)
     grads = [[[torch.randn(5000, generator=gen)] for _ in range(2)] for _ in range(3)]
     ranks, updates = run(cfg, grads)
@@ -238,12 +238,18 @@ def test_momentum_correction_masks_sent_coordinates():
 
 
 def test_auto_takes_the_allgather_only_where_it_costs_no_more_wire_bytes():
-    # defaults (3 × 2k f16 sketch, L = 1): ring allgather 2(P−1)·8k against ring allreduce
-    # 4(P−1)/P · 12k bytes: the allgather up to P = 3
-    chosen = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P).exchange for P in (1, 2, 3, 4, 16)}
-    assert chosen == {1: "allgather", 2: "allgather", 3: "allgather", 4: "sketch", 16: "sketch"}
-    wide = GsConfig(ratio=0.01, width=8.0)  # a sketch 4× as large: the allgather up to P = 12
-    assert [Layout.build(["w"], [100_000], wide, ranks=P).exchange for P in (12, 13)] == ["allgather", "sketch"]
+    # defaults: the ring allgather of k (int32, f32) pairs, 2(P−1)·8k bytes, no exact round,
+    # against the ring allreduces of the 3 × 2k f16 sketch and the k exact values, 4(P−1)/P ·
+    # (12k + 4k): the allgather up to P = 4
+    layouts = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 3, 4, 5, 16)}
+    assert {P: x.exchange for P, x in layouts.items()} == {1: "allgather", 2: "allgather", 3: "allgather",
+                                                          4: "allgather", 5: "sketch", 16: "sketch"}
+    assert (layouts[4].exact, layouts[4].apply, layouts[5].exact, layouts[5].apply) == (False, "all", True, "topk")
+    wide = GsConfig(ratio=0.01, width=8.0)  # 4(P−1)/P · (48k + 4k): the allgather up to P = 13
+    assert [Layout.build(["w"], [100_000], wide, ranks=P).exchange for P in (13, 14)] == ["allgather", "sketch"]
+    # with the exact round forced on both paths the allgather pays it too: up to P = 3
+    assert [Layout.build(["w"], [100_000], GsConfig(exact=True), ranks=P).exchange for P in (3, 4)] \
+        == ["allgather", "sketch"]
     assert Layout.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
     assert Layout.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
 
@@ -253,7 +259,7 @@ def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
     P, d, k = 3, 2000, 20
     gen = torch.Generator().manual_seed(11)
     grads = [[heavy_tailed(gen, d)] for _ in range(P)]
-    cfg = GsConfig(k=k, prefilter=2, exact=False, exchange="allgather", backend="torch")
+    cfg = GsConfig(k=k, prefilter=2, exact=False, apply="topk", exchange="allgather", backend="torch")
     _, updates = run(cfg, [grads])
     partial = torch.zeros(d, dtype=torch.float64)
     for (g,) in grads:
@@ -263,6 +269,28 @@ def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
     expected = torch.zeros(d, dtype=torch.float64)
     expected[best] = partial[best] / P
     torch.testing.assert_close(updates[0][0].double(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_the_allgather_applying_its_whole_union_is_top_k_allgather():
+    # exact=False, apply="all": every rank's top-k pairs, summed over the union, all applied;
+    # each rank drops its whole top-k set: the top-k allgather baseline (global scope)
+    from gs_horovod.baselines import TopKAllgather
+
+    P, sizes = 3, [3000, 1500]
+    gen = torch.Generator().manual_seed(13)
+    grads = [[[heavy_tailed(gen, d) for d in sizes] for _ in range(P)] for _ in range(3)]
+    cfg = GsConfig(ratio=0.01, exact=False, apply="all", exchange="allgather", backend="torch")
+    ranks, updates = run(cfg, grads)
+    baselines = [TopKAllgather(ratio=0.01, backend="torch") for _ in range(P)]
+    group = SimulatedRanks(P)
+    for step, step_grads in enumerate(grads):
+        named = [[(n, g) for n, g in zip(NAMES, step_grads[r])] for r in range(P)]
+        expected = group.run(lambda r, comm: baselines[r].exchange(named[r], comm))[0]
+        for got, want in zip(updates[step], expected):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+            assert torch.equal(got != 0, want != 0)
+    for rank, base in zip(ranks, baselines):
+        torch.testing.assert_close(rank.residual, base.residual, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("exchange", ["sketch", "allgather"])
@@ -322,7 +350,6 @@ def test_sizes_and_bytes_follow_the_options():
         ({"nonfinite": "ignore"}, ValueError, "nonfinite must be one of"),
         ({"check_every": -1}, ValueError, "check_every must be in"),
         ({"apply": "best"}, ValueError, "apply must be one of"),
-        ({"apply": "all", "exact": False}, ValueError, "apply='all' applies the exact round's values"),
         ({"exchange": "gather"}, ValueError, "exchange must be one of"),
     ],
 )

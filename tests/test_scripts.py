@@ -223,6 +223,38 @@ def test_bench_convergence_quick(tmp_path: Path) -> None:
     assert "at equal wire bytes" in out and (tmp_path / "convergence_mlp.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("compression", ["gs", "topk"])
+def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compression: str) -> None:
+    """``train_torch.py --simulated-ranks 2`` (two ranks in one process) against the same run
+    under ``horovodrun -np 2``: the same held-out accuracy, loss and bytes per step."""
+    args = ["--model", "mlp", "--epochs", "2", "--compression", compression, "--ratio", "0.01"]
+    run_script("examples/train_torch.py", *args, "--json", str(tmp_path / "real.json"),
+               launcher=horovodrun_command(2, "gloo"))
+    run_script("examples/train_torch.py", *args, "--simulated-ranks", "2", "--json", str(tmp_path / "sim.json"))
+    real, sim = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("real", "sim"))
+    assert sim["ranks"] == real["ranks"] == 2
+    for r, s in zip(real["history"], sim["history"], strict=True):
+        assert s["accuracy"] == pytest.approx(r["accuracy"], abs=0.01)
+        assert s["loss"] == pytest.approx(r["loss"], rel=1e-3)
+        assert (s["bytes_per_step"], s["wire_bytes_per_step"]) == pytest.approx(
+            (r["bytes_per_step"], r["wire_bytes_per_step"]))
+
+
+def test_bench_convergence_simulated(tmp_path: Path) -> None:
+    """``bench_convergence.py --simulated-ranks 4`` on the digits MLP: every method runs in one
+    process and the run ends with the documented ``gs_vs_best P=4 metric_ratio <x>
+    wire_bytes_ratio <y>``, y ≥ 1 (the peer it names sent no more wire bytes than gs)."""
+    out = run_script("bench/bench_convergence.py", "--simulated-ranks", "4", "--model", "mlp", "--epochs", "1",
+                     "--methods", "dense", "gs", "gtopk", "powersgd r1", "--ratios", "0.01", "--seeds", "0",
+                     "--out-dir", str(tmp_path), timeout=600)
+    runs = json.loads((tmp_path / "convergence_mlp_sim4.json").read_text())
+    assert set(runs) == {"dense @ 1", "gs @ 0.01", "gtopk @ 0.01", "powersgd r1 @ 1"}
+    assert all(run["0"]["ranks"] == 4 for run in runs.values())
+    name, ranks, metric, x, wire, y = out.strip().splitlines()[-1].split()
+    assert (name, ranks, metric, wire) == ("gs_vs_best", "P=4", "metric_ratio", "wire_bytes_ratio")
+    assert float(x) > 0 and float(y) >= 1
+
+
 def test_bench_compute_quick(tmp_path: Path) -> None:
     """``bench_compute.py --quick`` (D scaled down): every method timed, and the last line is the
     documented ``gtopk_vs_topk_allgather <ratio>``."""

@@ -79,7 +79,7 @@ def shipped_settings() -> GsConfig:
 def label(cfg: GsConfig) -> str:
     """``r<rows> w<width> m<candidates>|noexact L<prefilter> f16|f32[ all][ sketch|allgather]``
     (``all``: apply="all"; the exchange when it is forced, not "auto")."""
-    m = f"m{cfg.candidates}" if cfg.exact else "noexact"
+    m = "noexact" if cfg.exact is False else f"m{cfg.candidates}"
     text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
     return text + (" all" if cfg.apply == "all" else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
 
@@ -359,7 +359,8 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
         for pre, m, apply in product((1, 2), (1, 2), ("topk", "all")):
             if m <= pre and (m > 1 or apply == "topk"):
                 yield replace(shipped, exchange="allgather", prefilter=pre, candidates=m, apply=apply)
-        yield replace(shipped, exchange="allgather", exact=False)
+        for apply in ("topk", "all"):  # "all" without the exact round: top-k allgather in the engine
+            yield replace(shipped, exchange="allgather", exact=False, apply=apply)
     elif level == "quick":
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0},
                        {"width": 4.0}, {"candidates": 2}, {"exact": False}, {"prefilter": 2}, {"prefilter": 0},
