@@ -285,7 +285,7 @@ def test_the_allgather_applying_its_whole_union_is_top_k_allgather():
     group = SimulatedRanks(P)
     for step, step_grads in enumerate(grads):
         named = [[(n, g) for n, g in zip(NAMES, step_grads[r])] for r in range(P)]
-        expected = group.run(lambda r, comm: baselines[r].exchange(named[r], comm))[0]
+        expected = group.run(lambda r, comm, named=named: baselines[r].exchange(named[r], comm))[0]
         for got, want in zip(updates[step], expected):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
             assert torch.equal(got != 0, want != 0)

@@ -19,8 +19,9 @@ runs each script with ``--simulated-ranks P`` instead (P ranks in one process: t
 the baselines on simulated collectives, :class:`gs_horovod.bench.cli.SimulatedTrainingRanks`),
 into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch 8 per rank,
 k = D/1000, one seed) ends with the line ``gs_vs_best P=<P> metric_ratio <x> wire_bytes_ratio <y>``:
-x = gs's final metric over the best other method's within gs's cumulative wire bytes (accuracy:
-above 1 is gs ahead; perplexity: below 1 is), y = gs's wire MB over that method's at that point.
+x = gs's final metric over the best other method's at gs's cumulative wire bytes (interpolated
+between its evaluations, :func:`at_budget`; accuracy: above 1 is gs ahead; perplexity: below 1
+is), y = gs's wire MB over that method's at that point (1 unless it sent less in all).
 
 Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
@@ -264,17 +265,37 @@ def headline(runs: dict, metric: str, reference: str = "gs") -> str:
     return "\n".join(lines)
 
 
+def at_budget(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
+    """(mean metric, mean MB) over seeds at ``mb`` cumulative wire MB through a rank: each run's
+    metric interpolated linearly in MB between its last evaluation within ``mb`` and the next
+    (its last evaluation if it never sent that much); None when a run's first evaluation
+    already sent more. Unlike :func:`at_bytes` it does not hand a method that evaluates rarely
+    the budget it spent between evaluations."""
+    points = []
+    for r in seeds.values():
+        _, sent, values = curves(r, metric)
+        i = sum(1 for m in sent if m <= mb * (1 + 1e-9)) - 1
+        if i < 0:
+            return None
+        if i + 1 < len(sent):
+            share = (mb - sent[i]) / (sent[i + 1] - sent[i])
+            points.append((values[i] + share * (values[i + 1] - values[i]), mb))
+        else:
+            points.append((values[i], sent[i]))
+    return sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points)
+
+
 def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str]:
     """(gs's final metric / the best peer's, gs's wire MB / that peer's, its key): the peers
-    (every method but dense, at ``ratio`` or taking none) at their last evaluation within gs's
-    whole cumulative wire bytes, the best by ``metric``."""
+    (every method but dense, at ``ratio`` or taking none) at gs's whole cumulative wire bytes
+    (:func:`at_budget`), the best by ``metric``."""
     gs = runs[f"gs @ {ratio:g}"]
     last, sent = final(gs, metric), sum(curves(r, metric)[1][-1] for r in gs.values()) / len(gs)
     peers = {}
     for key, seeds in runs.items():
         label, at = key.rsplit(" @ ", 1)
         if label not in ("gs", "dense") and at in (f"{ratio:g}", "1"):
-            got = at_bytes(seeds, metric, sent)
+            got = at_budget(seeds, metric, sent)
             if got:
                 peers[key] = got
     if not peers:
@@ -334,6 +355,7 @@ def main() -> None:
         runs = json.loads(data.read_text())
         print(table(runs, metric) + "\n\n" + headline(runs, metric))
         plot(runs, out / f"{stem}.png", title, metric)
+        print_gs_vs_best(runs, metric, args)
         return
     # seeds outermost, the data file rewritten after every run: a matrix cut short still holds
     # every method at the seeds it finished
@@ -353,10 +375,17 @@ def main() -> None:
     print(table(runs, metric))
     print("\n" + headline(runs, metric))
     plot(runs, out / f"{stem}.png", title, metric)
-    if args.simulated_ranks and "gs" in args.methods:
-        for ratio in args.ratios:
+    print_gs_vs_best(runs, metric, args)
+
+
+def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
+    """Under --simulated-ranks, the ``gs_vs_best`` line for each ratio gs ran at."""
+    if not args.simulated_ranks:
+        return
+    for ratio in args.ratios:
+        if f"gs @ {ratio:g}" in runs:
             x, y, peer = gs_vs_best(runs, metric, ratio)
-            print(f"\nbest peer within gs's wire bytes at k = D·{ratio:g}: {peer}")
+            print(f"\nbest peer at gs's wire bytes (interpolated) at k = D·{ratio:g}: {peer}")
             print(f"gs_vs_best P={args.simulated_ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}")
 
 

@@ -77,11 +77,12 @@ def shipped_settings() -> GsConfig:
 
 
 def label(cfg: GsConfig) -> str:
-    """``r<rows> w<width> m<candidates>|noexact L<prefilter> f16|f32[ all][ sketch|allgather]``
-    (``all``: apply="all"; the exchange when it is forced, not "auto")."""
-    m = "noexact" if cfg.exact is False else f"m{cfg.candidates}"
+    """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather]``:
+    ``exact`` / ``noexact`` when the exact round is forced on / off (else the exchange's own),
+    the apply rule when given, the exchange when forced (not "auto")."""
+    m = {None: f"m{cfg.candidates}", True: f"m{cfg.candidates} exact", False: "noexact"}[cfg.exact]
     text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
-    return text + (" all" if cfg.apply == "all" else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
+    return text + (f" {cfg.apply}" if cfg.apply else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
 
 
 def is_shipped(r: dict) -> bool:
@@ -334,7 +335,7 @@ def gs(rows: int, width: float, candidates: int, prefilter: int, dtype: str = "f
        scope: str = "global") -> GsConfig:
     """A grid point; ``candidates`` 0: no exact round (``exact=False``)."""
     return GsConfig(scope=scope, rows=rows, width=width, candidates=max(1, candidates), prefilter=prefilter,
-                    sketch_dtype=dtype, exact=candidates > 0)
+                    sketch_dtype=dtype, exact=None if candidates > 0 else False)
 
 
 def gs_grid(level: str) -> Iterator[GsConfig]:
