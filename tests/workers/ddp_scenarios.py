@@ -105,7 +105,6 @@ def top_k(result: dict, rank: int) -> None:
     """Nonzeros of each step's update over all buckets together, and the bucket indices seen."""
     from gs_horovod.ddp import GsState, gs_hook
 
-
     calls: list[int] = []
 
     def counting(state: GsState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -115,8 +114,8 @@ def top_k(result: dict, rank: int) -> None:
     for label, options in (("global", {"ratio": 0.02}), ("layer", {"ratio": 0.02, "scope": "layer"}),
                            ("fixed", {"k": 100})):
         module = mlp(1)
-        model = ddp(module)
-        model.register_comm_hook(GsState(module, min_size=1, **options), counting)
+        model = ddp(module)  # the sketch: exactly k applied (the allgather applies its whole union)
+        model.register_comm_hook(GsState(module, min_size=1, exchange="sketch", **options), counting)
         calls.clear()
         updates = run(module, model, range(3), rank)
         result[f"topk_{label}_nonzeros"] = [int((u != 0).sum()) for u in updates]
