@@ -49,7 +49,7 @@ from typing import Any, Optional, Protocol
 from .array_ops import Array, ArrayOps
 from .kernels import BACKENDS
 from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
-from .wire import wire_bytes
+from .wire import total_wire_bytes
 
 NONFINITE = ("raise", "skip")
 EXCHANGES = ("auto", "sketch", "allgather")
@@ -232,9 +232,10 @@ class Layout:
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
               dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
-        ``exchange="auto"`` resolves to the allgather when its wire bytes at P = ``ranks`` are no
-        more than the sketch's, each path with its exact round as :meth:`GsConfig.exact_for`
-        says (:mod:`gs_horovod.wire`'s ring formulas)."""
+        ``exchange="auto"`` lays out both paths, each with its exact round as
+        :meth:`GsConfig.exact_for` says, and keeps the allgather when its wire bytes at P =
+        ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`) are no
+        more than the sketch's."""
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -248,25 +249,20 @@ class Layout:
             k = config.k_for(size)
             fed = min(size, config.prefilter * k) if config.prefilter else size
             groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
-        gathered = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
-        exchange = config.exchange
-        if exchange == "auto":
-            itemsize = 2 if config.sketch_dtype == "float16" else 4
+        def laid_out(exchange: str) -> Layout:
+            if exchange == "allgather":
+                if start >= MAX_GATHERED:
+                    raise ValueError(f"exchange='allgather' sends int32 indices: {start} coordinates is too many")
+                chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
+            else:
+                chosen = groups
+            return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), start, tuple(dense_names),
+                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange))
 
-            def exact_round(exchange: str, groups: list[Group]) -> float:
-                return wire_bytes("allreduce", 4 * sum(g.candidates for g in groups), ranks) \
-                    if config.exact_for(exchange) else 0.0
-
-            sketch = wire_bytes("allreduce", sum(config.rows * g.cols for g in groups) * itemsize, ranks)
-            gather = wire_bytes("allgather", sum(8 * g.fed for g in groups), ranks)
-            fits = gather + exact_round("allgather", gathered) <= sketch + exact_round("sketch", groups)
-            exchange = "allgather" if fits and start < MAX_GATHERED else "sketch"
-        if exchange == "allgather":
-            if start >= MAX_GATHERED:
-                raise ValueError(f"exchange='allgather' sends int32 indices: {start} coordinates is too many")
-            groups = gathered
-        return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(groups), start, tuple(dense_names),
-                   tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange))
+        if config.exchange != "auto":
+            return laid_out(config.exchange)
+        plans = [laid_out(e) for e in (("allgather", "sketch") if start < MAX_GATHERED else ("sketch",))]
+        return min(plans, key=lambda plan: total_wire_bytes(plan.collectives(config), ranks))  # ties: the allgather
 
     @classmethod
     def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int) -> Layout:
