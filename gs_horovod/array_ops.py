@@ -85,20 +85,57 @@ class ArrayOps(Protocol):
         """(idx (count,) ascending, estimates (count,) f32): the count coordinates of [0, length)
         with the largest |median estimate| (ties: lower index), identical for equal tables."""
 
-    def pack_pairs(self, idx: Array, vals: Array) -> Array:
-        """(2n,) f32: idx (n,) int64 in [0, 2^31) as int32 bit patterns, then vals (n,) f32 (for
-        one allgather; no arithmetic may touch the first half)."""
+    def pairs(self, idx: Array, vals: Array) -> Array:
+        """(2n,) f32 interleaved [i_0, v_0, i_1, v_1, ...]: idx (n,) int64 in [0, 2^31) as int32
+        bit patterns, vals (n,) f32 (for allgather and alltoall; no arithmetic may touch it)."""
 
-    def unpack_pairs(self, rows: Array) -> tuple[Array, Array]:
-        """(idx (P, n) int64, vals (P, n) f32) of rows (P, 2n) f32, each row a :meth:`pack_pairs`."""
+    def unpairs(self, buf: Array) -> tuple[Array, Array]:
+        """(idx (n,) int64, vals (n,) f32) of buf (2n,) f32, concatenated :meth:`pairs`."""
 
-    def columns(self, x: Array, start: int, size: int) -> Array:
-        """x[:, start:start + size] of a 2-D x."""
+    def union_sum(self, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+        """(union (u,) int64 ascending, sums (u,) f32) of P sparse vectors laid end to end in
+        ``idx`` (n,) int64 / ``vals`` (n,) f32, vector r being the next ``counts[r]`` pairs
+        (counts (P,) int32; each vector's indices distinct): sums[j] = Σ_r vals at union[j] in
+        vector r, added in vector order (the same bits everywhere)."""
 
-    def union_sum(self, idx: Array, vals: Array) -> tuple[Array, Array]:
-        """(union (u,) int64 ascending, sums (u,) f32) of the sparse vectors given by rows of
-        ``idx`` (P, n) int64 (each row distinct) and ``vals`` (P, n) f32: sums[j] = Σ_r vals[r, i]
-        over the rows r holding union[j] at i, added in row order (the same bits everywhere)."""
+    def spans(self, x: Array, starts: list[int]) -> list[tuple[Any, Any]]:
+        """(first, size) of each run of the ascending x (n,) int64 within [starts[g],
+        starts[g+1]) (the last run: from starts[-1] on); ints or scalar tensors."""
+
+    def bucket(self, x: Array, edges: Array) -> Array:
+        """(n,) int64: for each x the b with edges[b] <= x < edges[b + 1], for edges (B + 1,)
+        int64 ascending (clamped to [0, B - 1])."""
+
+    def count(self, bins: Array, n: int, mask: Optional[Array] = None) -> Array:
+        """(n,) int32: how many of ``bins`` (int64 in [0, n)) fall in each bin (where ``mask``)."""
+
+    def abs_key(self, x: Array) -> Array:
+        """(n,) int64 order key of |x| (x f32): its float bits without the sign, every NaN one
+        above +Inf (the order :meth:`top_abs` selects by)."""
+
+    def key_bits(self, key: Array, shift: int, bits: int) -> Array:
+        """(n,) int64: bits [shift, shift + bits) of ``key`` as a number."""
+
+    def radix_cut(self, counts: Array, wanted: Array) -> tuple[Array, Array]:
+        """For G groups' histograms ``counts`` (G·B,) int32 and ``wanted`` (G,) int32 (at most each
+        group's total): (cut (G,) int64, the highest bin from whose top the group reaches wanted;
+        above (G,) int32, how many lie in the bins above cut)."""
+
+    def equal_at(self, a: Array, b: Array) -> Array:
+        """Elementwise a == b, a bool mask."""
+
+    def keep_top(self, prefix: Array, key: Array, group: Array, cut: Array, ties: Array) -> Array:
+        """Positions (ascending) of the elements (ordered by index) with prefix > cut[group], and
+        of the best ties[group] of those with prefix == cut[group] (by key, then position)."""
+
+    def host_int32(self, x: Array) -> Array:
+        """x as int32 on the host (the splits Horovod's alltoall takes)."""
+
+    def size_of(self, x: Array) -> Any:
+        """x's element count (int, or an int64 scalar tensor)."""
+
+    def count_of(self, n: Any) -> Any:
+        """n as the step's counter type (int, or an int64 scalar tensor)."""
 
     def checksum(self, idx: Array) -> Any:
         """An int in [0, 2^62) summarising idx (equal for equal idx)."""

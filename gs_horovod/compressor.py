@@ -94,9 +94,10 @@ def op_name(name: str) -> str:
 
 
 class HorovodCollectives:
-    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod's allreduce (``hvd``: horovod.torch or
-    horovod.tensorflow; blocking in torch, graph ops in TF), with the optimizer's op
-    (Average or Sum) and process set."""
+    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod (``hvd``: horovod.torch or
+    horovod.tensorflow; blocking in torch, graph ops in TF): allreduce with the optimizer's op
+    (Average or Sum), allgather (any length per rank) and alltoall (with splits), on its
+    process set."""
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any) -> None:
         self.hvd, self.ops, self.op, self.process_set = hvd, ops, op, process_set
@@ -114,22 +115,53 @@ class HorovodCollectives:
                                   process_set=self.process_set)
         return self.ops.equal(both[0], -both[1])
 
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        return self.hvd.allreduce(x, op=self.hvd.Sum, name=op_name(name), process_set=self.process_set)
+
     def allgather(self, x: Array, name: str) -> Array:
         return self.hvd.allgather(x, name=op_name(name), process_set=self.process_set)
+
+    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
+        received, got = self.hvd.alltoall(x, splits=self.ops.host_int32(splits), name=op_name(name),
+                                          process_set=self.process_set)
+        return received, self.ops.reshape(got, (self.size,))
 
 
 TreeAllreduce = Callable[[Array, Any, MergeStats], Array]
 """The framework's call of :func:`gs_horovod.mpi.tree_allreduce`: (x, communicators, stats) → sum."""
 
 
+NumpyCall = Callable[[Callable[..., Any], list[Array], list[str]], tuple[Array, ...]]
+"""The framework's way to run a NumPy function on its arrays: (fn, arrays, the dtype names of
+fn's results) → fn's results as the framework's arrays, on the first array's device (torch:
+eagerly; TF: ``tf.numpy_function``)."""
+
+
 class MpiCollectives(HorovodCollectives):
-    """Sketch merge and exact round by :func:`gs_horovod.mpi.tree_allreduce` over mpi4py
-    (recursive doubling, through ``tree``); the tiny checks stay on Horovod."""
+    """Sketch merge, exact round and the sparse exchange's threshold rounds by
+    :func:`gs_horovod.mpi.tree_allreduce` over mpi4py (recursive doubling, through ``tree``),
+    its alltoall and allgather by MPI's Alltoallv / Allgatherv (through ``numpy_call``); the
+    tiny checks stay on Horovod."""
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Any, stats: MergeStats,
-                 tree: TreeAllreduce) -> None:
+                 tree: TreeAllreduce, numpy_call: NumpyCall) -> None:
         super().__init__(hvd, ops, op, process_set)
-        self.comms, self.stats, self.tree = comms, stats, tree
+        self.comms, self.stats, self.tree, self.numpy_call = comms, stats, tree, numpy_call
+
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        return self.tree(x, self.comms, self.stats)
+
+    def allgather(self, x: Array, name: str) -> Array:
+        from .mpi import allgatherv
+
+        return self.numpy_call(lambda buf: (allgatherv(buf, self.comms.comm),), [x], ["float32"])[0]
+
+    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
+        from .mpi import alltoallv
+
+        received, got = self.numpy_call(lambda buf, counts: alltoallv(buf, counts, self.comms.comm), [x, splits],
+                                        ["float32", "int32"])
+        return received, self.ops.reshape(got, (self.size,))
 
     def allreduce(self, x: Array, name: str) -> Array:
         size = self.comms.comm.Get_size()
@@ -174,6 +206,9 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     def _tree_allreduce(self, x: Array, comms: Any, stats: MergeStats) -> Array:
         raise NotImplementedError
 
+    def _numpy_call(self, fn: Callable[..., Any], arrays: list[Array], dtypes: list[str]) -> tuple[Array, ...]:
+        raise NotImplementedError
+
     def _options(self) -> dict[str, Any]:
         return {**asdict(self.config), "merge": self.merge}
 
@@ -190,7 +225,8 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
             from .mpi import Communicators, horovod_world
 
             self._comms = Communicators(horovod_world(hvd, self._comm).Dup())  # initialises MPI
-        return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce)
+        return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce,
+                              self._numpy_call)
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:

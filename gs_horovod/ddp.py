@@ -49,11 +49,33 @@ class DistCollectives:
         dist.all_reduce(out, group=self.group)
         return out.div_(self.size)
 
+    def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=self.group)
+        return out
+
     def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """(P, n): every rank's x (n,) in rank order."""
+        """Every rank's x (n_r,) concatenated in rank order: the lengths by one ``all_gather``,
+        then x padded to the longest by another."""
+        sizes = self._gather_padded(torch.tensor([x.numel()], dtype=torch.int64, device=x.device)).flatten()
+        longest = int(sizes.max())
+        padded = torch.cat([x, x.new_zeros(longest - x.numel())])
+        rows = self._gather_padded(padded)
+        return torch.cat([row[:n] for row, n in zip(rows, sizes.tolist())])
+
+    def _gather_padded(self, x: torch.Tensor) -> torch.Tensor:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.stack(parts)
+
+    def alltoall(self, x: torch.Tensor, splits: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``all_to_all_single`` of the counts (int64), then of x with those splits."""
+        sent = splits.to(x.device, torch.int64)
+        got = torch.empty_like(sent)
+        dist.all_to_all_single(got, sent, group=self.group)
+        out = x.new_empty(int(got.sum()))
+        dist.all_to_all_single(out, x.contiguous(), got.tolist(), sent.tolist(), group=self.group)
+        return out, got.int()
 
     def same_on_every_rank(self, value: int, name: str) -> bool:
         """One all_reduce MIN of (v, −v): equal everywhere iff min v = max v."""

@@ -17,14 +17,28 @@ group of n coordinates with k = ceil(ratio · n) (or the fixed ``k``)::
     Δ_t   = v_t[I_t] scattered into zeros
     e_t   = a_t − a_t[I_t]   (this rank's a_t at I_t went into Δ_t); u_t[I_t] = 0 when m > 0
 
-The exchange that nominates C_t is the sketch above or, with ``exchange="allgather"``, an exact
-sparse allgather of every rank's (F_t, a_t[F_t]) (8 bytes a coordinate): the union of the P
-sets with their partial sums Σ_{r : i ∈ F_r} a_r,i stands in for the merged sketch's estimates
-(C_t: the top-(m·k) of them, m·k ≤ L·k). Its own defaults are no exact round and the whole
-union applied: top-k allgather. ``exchange="auto"`` takes the allgather when its wire bytes at
-this P are no more than the sketch's, each with its exact round as configured
-(:meth:`Layout.build`): with the default sizes, P ≤ 4. Every later stage, rule and check is the
-same for both.
+The exchange that nominates C_t is the sketch above or one of two exact ones, where the union
+of the P sets F_r with their partial sums s_i = Σ_{r : i ∈ F_r} a_r,i (added in rank order, the
+same bits everywhere) stands in for the merged sketch's estimates (C_t: the top-(m·k) of them,
+m·k ≤ L·k):
+
+- ``exchange="allgather"``: one allgather of every rank's (F_t, a_t[F_t]) (8 bytes a
+  coordinate, 16(P−1)·L·k bytes through a rank). Its own defaults are no exact round and the
+  whole union applied: top-k allgather.
+- ``exchange="sparse"`` (Ok-Topk / SparDL style; :meth:`GsSgd._sparse`): the index space is cut
+  into P contiguous regions, one per rank; one alltoall sends each pair to its region's owner,
+  which adds what it receives in rank order; two allreduces of 256-bin histograms of |s| per
+  group (8 + 8 bits of the float's order key) agree on a threshold everywhere; each owner
+  allgathers its coordinates above it plus the best of its boundary bin, and every rank keeps
+  exactly the top-(m·k) (ties: lower index). About 32(P−1)/P·L·k bytes through a rank plus 2 KB
+  of histograms a group: flat in P, and the same selection as the allgather's. Regions follow
+  the previous step's selection (its P-quantiles), so each owner gets about as much; they move
+  no bit of the update, only the load.
+
+``exchange="auto"`` takes whichever of the allgather and the sparse exchange puts fewer wire
+bytes through a rank at this P (:meth:`Layout.build`; ties: the allgather, which applies the
+whole union): the allgather at P ≤ 2, the sparse exchange above. Every later stage, rule and
+check is the same for every exchange.
 
 Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
 only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t); under the allgather with
@@ -44,7 +58,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol
+
+import numpy as np
 
 from .array_ops import Array, ArrayOps
 from .kernels import BACKENDS
@@ -52,7 +68,9 @@ from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
 from .wire import total_wire_bytes
 
 NONFINITE = ("raise", "skip")
-EXCHANGES = ("auto", "sketch", "allgather")
+EXCHANGES = ("auto", "sketch", "allgather", "sparse")
+EXACT_EXCHANGES = ("allgather", "sparse")  # send (index, value) pairs: int32 indices, no estimates
+RADIX_BINS = 256  # histogram bins per group in each of the sparse exchange's two threshold rounds
 APPLY = ("topk", "all")
 MAX_GATHERED = 2**31  # the allgather sends indices as int32
 SCOPES = ("global", "layer")
@@ -99,8 +117,9 @@ class GsConfig:
         ranks' pre-filtered sets with their partial sums, which is top-k allgather). None: the
         exchange's own, "topk" for the sketch, "all" for the allgather.
     exchange: what nominates the candidates: "sketch" (the paper's method), "allgather" (every
-        rank's pre-filtered coordinates, exactly), or "auto": the allgather wherever its wire
-        bytes are no more than the sketch's at the step's P and layout.
+        rank's pre-filtered coordinates to every rank), "sparse" (the same coordinates summed
+        by region owners, the top-(m·k) of the sums to every rank: flat in P), or "auto": the
+        allgather or the sparse exchange, whichever puts fewer wire bytes through a rank.
     prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
@@ -166,13 +185,13 @@ class GsConfig:
         _check_number("check_every", self.check_every, int, 0, 2**62)
 
     def exact_for(self, exchange: str) -> bool:
-        """Whether the exact round runs under ``exchange`` ("sketch" or "allgather")."""
+        """Whether the exact round runs under ``exchange`` (one of "sketch", "allgather", "sparse")."""
         if self.exact is not None:
             return self.exact
         return exchange == "sketch" or self.candidates > 1
 
     def apply_for(self, exchange: str) -> str:
-        """What is applied under ``exchange`` ("sketch" or "allgather")."""
+        """What is applied under ``exchange`` (one of "sketch", "allgather", "sparse")."""
         if self.apply is not None:
             return self.apply
         return "all" if exchange == "allgather" and not self.exact_for(exchange) else "topk"
@@ -203,7 +222,31 @@ class Group:
     k: int
     cols: int
     fed: int  # coordinates each rank feeds the exchange (L·k, or size without pre-filter)
-    candidates: int  # coordinates the exchange nominates (m·k; at most L·k under the allgather)
+    candidates: int  # coordinates the exchange nominates (m·k; at most L·k under the exact exchanges)
+
+
+class Payload(NamedTuple):
+    """Bytes one rank hands to collectives in one step, by collective: the sketch merge, the
+    allgather (the allgather exchange's pairs, or the sparse exchange's selected pairs: this
+    rank's share), the sparse exchange's alltoall and its two threshold histograms (``select``,
+    both rounds together), the exact round and the small tensors (``dense``)."""
+
+    sketch: int = 0
+    gather: int = 0
+    alltoall: int = 0
+    select: int = 0
+    exact: int = 0
+    dense: int = 0
+
+
+def collectives_of(payload: Payload, merge: str = "allreduce") -> list[tuple[str, float]]:
+    """A step's (kind, payload bytes) collectives (:mod:`gs_horovod.wire`) in issue order, the
+    empty ones left out: the sketch merge, the threshold rounds and the exact round (with the
+    small tensors) as ``merge`` ("allreduce", or "tree" under merge="mpi"), the allgather as
+    "allgather", the alltoall as "alltoall". The one place a payload becomes collectives."""
+    step = [(merge, payload.sketch), ("alltoall", payload.alltoall), (merge, payload.select / 2),
+            (merge, payload.select / 2), ("allgather", payload.gather), (merge, payload.exact + payload.dense)]
+    return [(kind, float(n)) for kind, n in step if n]
 
 
 @dataclass(frozen=True)
@@ -213,8 +256,9 @@ class Layout:
     names / sizes / offsets: the compressed tensors (sorted by name) in the step's vector of
     ``total`` = D coordinates; dense_names / dense_sizes: the tensors below ``min_size``, sent
     exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
-    exchange: "sketch" or "allgather", the config's choice for ``ranks`` (P) ranks; exact /
-    apply: the config's for that exchange (:meth:`GsConfig.exact_for`, :meth:`GsConfig.apply_for`).
+    exchange: "sketch", "allgather" or "sparse", the config's choice for ``ranks`` (P) ranks;
+    exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
+    :meth:`GsConfig.apply_for`); ranks: P.
     """
 
     names: tuple[str, ...]
@@ -227,15 +271,18 @@ class Layout:
     exchange: str = "sketch"
     exact: bool = True
     apply: str = "topk"
+    ranks: int = 1
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
               dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
-        ``exchange="auto"`` lays out both paths, each with its exact round as
-        :meth:`GsConfig.exact_for` says, and keeps the allgather when its wire bytes at P =
-        ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`) are no
-        more than the sketch's."""
+        ``exchange="auto"`` lays out the allgather and the sparse exchange, each with its exact
+        round as :meth:`GsConfig.exact_for` says, and keeps the one with fewer wire bytes at P =
+        ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`; ties:
+        the allgather). Measured delivered mass per wire byte agrees (docs/design.md, "Exchange
+        by P"): the sketch never delivered more per byte than the sparse exchange, so "auto"
+        never picks it."""
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -250,18 +297,20 @@ class Layout:
             fed = min(size, config.prefilter * k) if config.prefilter else size
             groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
         def laid_out(exchange: str) -> Layout:
-            if exchange == "allgather":
+            if exchange in EXACT_EXCHANGES:
                 if start >= MAX_GATHERED:
-                    raise ValueError(f"exchange='allgather' sends int32 indices: {start} coordinates is too many")
+                    raise ValueError(f"exchange={exchange!r} sends int32 indices: {start} coordinates is too many")
                 chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
             else:
                 chosen = groups
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), start, tuple(dense_names),
-                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange))
+                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks)
 
         if config.exchange != "auto":
             return laid_out(config.exchange)
-        plans = [laid_out(e) for e in (("allgather", "sketch") if start < MAX_GATHERED else ("sketch",))]
+        if start >= MAX_GATHERED:
+            return laid_out("sketch")
+        plans = [laid_out(e) for e in EXACT_EXCHANGES]
         return min(plans, key=lambda plan: total_wire_bytes(plan.collectives(config), ranks))  # ties: the allgather
 
     @classmethod
@@ -288,28 +337,30 @@ class Layout:
         """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
         return self.offsets + tuple(self.total + o for o in _starts(self.dense_sizes))
 
-    def payload_bytes(self, config: GsConfig, dense: bool = False) -> tuple[int, int, int, int]:
-        """(sketch, allgather, exact-round, dense) bytes one rank hands to collectives in one
-        step: a compressed step (sketch or allgather, as ``exchange``), or with ``dense``
-        (warm-up, or nothing to sketch) everything at 4 bytes."""
+    def payload_bytes(self, config: GsConfig, dense: bool = False) -> Payload:
+        """The :class:`Payload` one rank hands to collectives in one step: a compressed step (as
+        ``exchange``), or with ``dense`` (warm-up, or nothing to sketch) everything at 4 bytes.
+        The sparse exchange's allgather is planned as an even share, 8·m·k/P bytes a rank (what
+        a rank sends depends on where the selected coordinates lie: :class:`StepResult`
+        ``gathered`` has it)."""
         if dense or not self.groups:
-            return 0, 0, 0, (self.total + sum(self.dense_sizes)) * 4
+            return Payload(dense=(self.total + sum(self.dense_sizes)) * 4)
         itemsize = 2 if config.sketch_dtype == "float16" else 4
-        sketch = gather = 0
-        if self.exchange == "sketch":
-            sketch = sum(config.rows * g.cols for g in self.groups) * itemsize
-        else:
-            gather = sum(8 * g.fed for g in self.groups)
         exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
-        return sketch, gather, exact, sum(self.dense_sizes) * 4
+        small = sum(self.dense_sizes) * 4
+        if self.exchange == "sketch":
+            return Payload(sketch=sum(config.rows * g.cols for g in self.groups) * itemsize, exact=exact, dense=small)
+        fed = sum(8 * g.fed for g in self.groups)
+        if self.exchange == "allgather":
+            return Payload(gather=fed, exact=exact, dense=small)
+        share = math.ceil(sum(8 * g.candidates for g in self.groups) / self.ranks)
+        return Payload(gather=share, alltoall=fed, select=2 * 4 * RADIX_BINS * len(self.groups), exact=exact,
+                       dense=small)
 
     def collectives(self, config: GsConfig, dense: bool = False, merge: str = "allreduce") -> list[tuple[str, float]]:
-        """One step's (kind, payload bytes) collectives (:mod:`gs_horovod.wire`), the empty ones
-        left out: the sketch merge and the exact round (with the small tensors) as ``merge``
-        ("allreduce", or "tree" under merge="mpi"), the allgather as "allgather"."""
-        sketch, gather, exact, small = self.payload_bytes(config, dense)
-        step = [(merge, sketch), ("allgather", gather), (merge, exact + small)]
-        return [(kind, float(n)) for kind, n in step if n]
+        """One step's (kind, payload bytes) collectives (:func:`collectives_of` of
+        :meth:`payload_bytes`)."""
+        return collectives_of(self.payload_bytes(config, dense), merge)
 
 
 def _starts(sizes: tuple[int, ...]) -> list[int]:
@@ -332,26 +383,46 @@ class Collectives(Protocol):
         """x (n,) f32 or f16, averaged (op Average) or summed (op Sum) over ranks; the result is
         bitwise identical on every rank."""
 
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        """x (n,) int32 summed over ranks, exactly (whatever the optimizer's op)."""
+
     def same_on_every_rank(self, value: Any, name: str) -> Any:
         """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
 
     def allgather(self, x: Array, name: str) -> Array:
-        """(P·n,) or (P, n): every rank's x (n,) f32 in rank order, bits untouched."""
+        """Every rank's x (n_r,) f32 concatenated in rank order ((P·n,) or (P, n) when every n_r
+        is n), bits untouched; n_r may differ across ranks."""
+
+    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
+        """Sends x[Σ_{q<r} splits[q] : Σ_{q≤r} splits[q]] (f32, bits untouched) to rank r, for
+        splits (P,) int32 summing to len(x); returns (what every rank sent here, concatenated in
+        rank order; the sizes received from each rank (P,) int32)."""
 
 
 @dataclass
 class StepResult:
     """What one step returns: ``update`` (D + dense,) f32, every tensor's update in
     ``layout.all_names`` order at ``layout.all_offsets``; the state to store: ``residual`` (D,)
-    f32, ``momentum`` (D,) f32 (None when m = 0) and ``steps``; ``applied``, a predicate, false
-    when ``nonfinite="skip"`` dropped the step. Under TensorFlow every tensor here carries a
-    control dependency on the step's checks (options, NaN/Inf, selections)."""
+    f32, ``momentum`` (D,) f32 (None when m = 0), ``steps`` and ``regions`` (P + 1,) int64, the
+    sparse exchange's region edges for the next step (None under the other exchanges);
+    ``applied``, a predicate, false when ``nonfinite="skip"`` dropped the step; ``gathered``:
+    the (index, value) pairs this rank put into the sparse exchange's allgather (0 otherwise).
+    Under TensorFlow every tensor here carries a control dependency on the step's checks
+    (options, NaN/Inf, selections)."""
 
     update: Array
     residual: Array
     momentum: Optional[Array]
     steps: Any
     applied: Any
+    regions: Optional[Array] = None
+    gathered: Any = 0
+
+
+def even_regions(total: int, ranks: int) -> np.ndarray:
+    """(P + 1,) int64 edges cutting [0, total) into P contiguous regions of (nearly) equal size:
+    the sparse exchange's regions before any selection is known."""
+    return np.array([r * total // ranks for r in range(ranks + 1)], dtype=np.int64)
 
 
 class GsSgd:
@@ -363,13 +434,14 @@ class GsSgd:
         self.keys = hash_keys(config.seed)
 
     def step(self, layout: Layout, grads: list[Array], residual: Array, momentum: Optional[Array], steps: Any,
-             check_options: Any, dense: list[Array] = ()) -> StepResult:
+             check_options: Any, dense: list[Array] = (), regions: Optional[Array] = None) -> StepResult:
         """One step of every tensor of ``layout``: ``grads`` (d_i,) f32 of the compressed tensors
         in its order, their ``residual`` e (D,) f32 and ``momentum`` (D,) f32 (None when m = 0),
         and ``dense`` (d_j,) f32, the tensors sent exactly. ``steps``: steps done so far (int or
         scalar tensor); ``check_options``: a predicate, true at an optimizer's first step, to
-        compare the options' digest across ranks first. a = e + u is the one (D,) buffer the
-        step writes: it becomes the new residual in place."""
+        compare the options' digest across ranks first; ``regions``: the sparse exchange's
+        (P + 1,) int64 edges from the last step (None: :func:`even_regions`). a = e + u is the one
+        (D,) buffer the step writes: it becomes the new residual in place."""
         cfg, ops = self.config, self.ops
         checks = [ops.when(check_options, self._check_options)]
         a = u = None
@@ -380,16 +452,20 @@ class GsSgd:
             else:
                 a = ops.add_parts(residual, grads)
         exact_part = ops.concat(list(dense)) if layout.dense_names else None
-        # no momentum travels as () through ops.cond / ops.after (TF's nest has no None leaves)
-        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks)
+        if layout.exchange == "sparse" and regions is None:
+            regions = ops.from_numpy(even_regions(layout.total, layout.ranks))
+        # no momentum / regions travel as () through ops.cond / ops.after (TF's nest has no None leaves)
+        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks,
+                 () if regions is None else regions)
         if not layout.groups:
             out = self._dense(*state)
         elif cfg.warmup_steps:
             out = ops.cond(steps < cfg.warmup_steps, lambda: self._dense(*state), lambda: self._sketched(*state))
         else:
             out = self._sketched(*state)
-        update, residual, momentum, steps, applied = out
-        return StepResult(update, residual, None if isinstance(momentum, tuple) else momentum, steps, applied)
+        update, residual, momentum, steps, applied, regions, gathered = out
+        return StepResult(update, residual, None if isinstance(momentum, tuple) else momentum, steps, applied,
+                          None if isinstance(regions, tuple) else regions, gathered)
 
     def _check_options(self) -> Any:
         same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
@@ -398,7 +474,7 @@ class GsSgd:
             f"this rank has {self.config} with hash version {HASH_VERSION}"])
 
     def _dense(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
-               steps: Any, checks: list[Any]) -> tuple:
+               steps: Any, checks: list[Any], regions: Any) -> tuple:
         """Warm-up (and steps with nothing to sketch): everything averaged as it is; residual
         and momentum restart at zero."""
         ops = self.ops
@@ -408,15 +484,21 @@ class GsSgd:
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
         new_momentum = ops.zeros((layout.total,), full) if self.config.momentum else ()
         return self._finish(layout, finite, mean, ops.zeros((layout.total,), full), new_momentum, residual, momentum,
-                            steps, checks)
+                            steps, checks, regions, regions, ops.count_of(0))
 
     def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
-                  steps: Any, checks: list[Any]) -> tuple:
+                  steps: Any, checks: list[Any], regions: Any) -> tuple:
         cfg, ops = self.config, self.ops
-        gathered = layout.exchange == "allgather"
+        pairs = layout.exchange in EXACT_EXCHANGES
         fed = [ops.top_abs(ops.slice(a, g.start, g.size), g.fed) + g.start for g in layout.groups] \
-            if cfg.prefilter or gathered else []
-        picks, finite = self._gather(layout, a, fed) if gathered else self._sketch(layout, a, fed)
+            if cfg.prefilter or pairs else []
+        new_regions, gathered = regions, ops.count_of(0)
+        if layout.exchange == "sparse":
+            picks, finite, new_regions, gathered = self._sparse(layout, a, fed, regions)
+        elif layout.exchange == "allgather":
+            picks, finite = self._gather(layout, a, fed)
+        else:
+            picks, finite = self._sketch(layout, a, fed)
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
         n_dense = sum(layout.dense_sizes)
         if layout.exact:
@@ -454,7 +536,8 @@ class GsSgd:
         new_momentum = ops.scatter_sub(u, sel, ops.take(u, sel)) if cfg.momentum else ()
         new_residual = ops.scatter_sub(a, sel, sent)
         update = ops.scatter(layout.total, sel, values, a, dense_mean)
-        return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks)
+        return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks,
+                            new_regions, regions, gathered)
 
     def _sketch(self, layout: Layout, a: Array, fed: list[Array]) -> tuple[list[tuple[Array, Array]], Any]:
         """Each group's candidates (idx (m·k,) ascending, estimates (m·k,) f32) from the merged
@@ -487,30 +570,93 @@ class GsSgd:
         ops, P = self.ops, self.comm.size
         mine = ops.concat(fed)
         n = sum(g.fed for g in layout.groups)
-        rows = ops.reshape(self.comm.allgather(ops.pack_pairs(mine, ops.take(a, mine)), "gs_horovod.gather"),
-                           (P, 2 * n))
-        idx, vals = ops.unpack_pairs(rows)
-        picks, first = [], 0
+        idx, vals = ops.unpairs(ops.reshape(self.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
+                                                                "gs_horovod.gather"), (-1,)))
+        union, sums = self._union_sum(idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
+        picks = []
         whole = layout.apply == "all" and not layout.exact
-        for grp in layout.groups:
-            union, sums = ops.union_sum(ops.columns(idx, first, grp.fed), ops.columns(vals, first, grp.fed))
+        for grp, (first, size) in zip(layout.groups, ops.spans(union, [g.start for g in layout.groups])):
+            g_union, g_sums = ops.slice(union, first, size), ops.slice(sums, first, size)
             if not whole:
-                best = ops.top_abs(sums, grp.candidates)
-                union, sums = ops.take(union, best), ops.take(sums, best)
-            picks.append((union, sums / P if self.comm.averages else sums))
-            first += grp.fed
+                best = ops.top_abs(g_sums, grp.candidates)
+                g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
+            picks.append((g_union, g_sums))
         return picks, ops.all_finite(vals)
 
+    def _union_sum(self, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+        """(union (u,) int64 ascending, s (u,) f32): the coordinates of every rank's pairs (rank
+        r's ``counts[r]`` pairs, in rank order, each rank's indices distinct) and their sums
+        added in rank order, divided by P when ``allreduce`` averages (as it would)."""
+        union, sums = self.ops.union_sum(idx, vals, counts)
+        return union, sums / self.comm.size if self.comm.averages else sums
+
+    def _sparse(self, layout: Layout, a: Array, fed: list[Array], regions: Array) -> tuple:
+        """The sparse exchange: (picks as :meth:`_gather`'s, top-(m·k) of the union's sums per
+        group, on every rank alike; whether they are finite; the next step's region edges (P + 1,)
+        int64, the P-quantiles of this selection; the pairs this rank allgathered).
+
+        1. alltoall: rank r sends its pairs (F_r ascending, a_r[F_r]) to the owners of their
+           regions; owner q adds the pairs of [regions[q], regions[q+1]) in rank order.
+        2. threshold: per group, the owners' histograms of the order key of |s| (NaN highest:
+           :meth:`ArrayOps.abs_key`), 8 high bits, then 8 more bits within the bin that holds the
+           (m·k)-th largest, each summed by one allreduce, give the 16-bit key prefix t of the
+           (m·k)-th largest, how many lie above it, and so how many ``ties`` of prefix t to take.
+        3. allgather: each owner sends its pairs above t and its best ``ties`` of prefix t (by
+           key, then lower index); every rank keeps the above ones and the best ``ties`` of all
+           gathered prefix-t pairs: the same m·k coordinates everywhere. A pair above t lies in
+           every rank's selection, so NaN/Inf anywhere in the sums reaches every rank.
+        Nothing here depends on which rank owns what: the sums are the allgather's, bit for bit.
+        """
+        ops, comm = self.ops, self.comm
+        mine = ops.concat(fed)
+        owner = ops.bucket(mine, regions)
+        splits = ops.count(owner, comm.size) * 2  # two floats a pair
+        received, got = comm.alltoall(ops.pairs(mine, ops.take(a, mine)), splits, "gs_horovod.sparse")
+        idx, vals = ops.unpairs(received)
+        union, sums = self._union_sum(idx, vals, got // 2)
+        starts = ops.from_numpy(np.array([g.start for g in layout.groups] + [layout.total], np.int64))
+        wanted = ops.from_numpy(np.array([g.candidates for g in layout.groups], np.int32))
+        groups = len(layout.groups)
+        group, key = ops.bucket(union, starts), ops.abs_key(sums)
+        high = ops.key_bits(key, 23, 8)  # exponent: 8 bits
+        cut_high, above = ops.radix_cut(comm.allreduce_sum(ops.count(group * RADIX_BINS + high,
+                                                                      groups * RADIX_BINS), "gs_horovod.select.high"),
+                                        wanted)
+        in_cut = ops.equal_at(high, ops.take(cut_high, group))
+        low = ops.key_bits(key, 15, 8)  # 8 more bits: the 16-bit prefix pins |s| to 2^-8
+        cut_low, above_low = ops.radix_cut(
+            comm.allreduce_sum(ops.count(group * RADIX_BINS + low, groups * RADIX_BINS, in_cut),
+                               "gs_horovod.select.low"), wanted - above)
+        prefix, ties = cut_high * RADIX_BINS + cut_low, wanted - above - above_low
+        keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
+        chosen = ops.take(union, keep)
+        out_idx, out_vals = ops.unpairs(ops.reshape(
+            comm.allgather(ops.pairs(chosen, ops.take(sums, keep)), "gs_horovod.sparse.selected"), (-1,)))
+        out_key, out_group = ops.abs_key(out_vals), ops.bucket(out_idx, starts)
+        keep = ops.keep_top(ops.key_bits(out_key, 15, 16), out_key, out_group, prefix, ties)
+        sel, est = ops.take(out_idx, keep), ops.take(out_vals, keep)
+        picks, first = [], 0
+        for grp in layout.groups:
+            picks.append((ops.slice(sel, first, grp.candidates), ops.slice(est, first, grp.candidates)))
+            first += grp.candidates
+        quantiles = [first * r // comm.size for r in range(1, comm.size)]
+        new_regions = ops.concat([ops.from_numpy(np.zeros(1, np.int64)),
+                                  ops.take(sel, ops.from_numpy(np.array(quantiles, np.int64))),
+                                  ops.from_numpy(np.full(1, layout.total, np.int64))])
+        return picks, ops.all_finite(est), new_regions, ops.count_of(ops.size_of(chosen))
+
     def _finish(self, layout: Layout, finite: Any, update: Array, new_residual: Array, new_momentum: Any,
-                residual: Array, momentum: Any, steps: Any, checks: list[Any]) -> tuple:
-        """(update, residual, momentum, steps, applied), all after ``checks``; under
-        nonfinite="skip" a non-finite step keeps the old state and returns a zero update (on
-        every rank alike: the merged payloads are the same everywhere)."""
+                residual: Array, momentum: Any, steps: Any, checks: list[Any], new_regions: Any, regions: Any,
+                gathered: Any) -> tuple:
+        """(update, residual, momentum, steps, applied, regions, gathered), all after
+        ``checks``; under nonfinite="skip" a non-finite step keeps the old state and returns a
+        zero update (on every rank alike: the merged payloads are the same everywhere)."""
         ops = self.ops
-        applied = (update, new_residual, new_momentum, steps + 1, finite)
+        applied = (update, new_residual, new_momentum, steps + 1, finite, new_regions, gathered)
         if self.config.nonfinite == "skip":
             zeros = ops.zeros((layout.total + sum(layout.dense_sizes),), update)
-            applied = ops.cond(finite, lambda: applied, lambda: (zeros, residual, momentum, steps, finite))
+            applied = ops.cond(finite, lambda: applied,
+                               lambda: (zeros, residual, momentum, steps, finite, regions, gathered))
         return ops.after(checks, applied)
 
     def _fail_unless_finite(self, layout: Layout, finite: Any, a: Array, dense: Array, steps: Any) -> Any:

@@ -178,6 +178,30 @@ def _recursive_doubling(acc: np.ndarray, comm: MPI.Comm, stats: MergeStats) -> n
     return acc
 
 
+def alltoallv(buf: np.ndarray, splits: np.ndarray, comm: MPI.Comm) -> tuple[np.ndarray, np.ndarray]:
+    """MPI's Alltoallv of the 1-D ``buf``: ``splits[r]`` elements (in order) to rank r; returns
+    (what every rank sent here, in rank order; the counts received (P,) int32). The counts go
+    first, by one Alltoall."""
+    splits = np.ascontiguousarray(splits, dtype=np.int32)
+    got = np.empty_like(splits)
+    comm.Alltoall(splits, got)
+    out = np.empty(int(got.sum()), dtype=buf.dtype)
+    comm.Alltoallv([np.ascontiguousarray(buf), (splits, _displacements(splits))], [out, (got, _displacements(got))])
+    return out, got
+
+
+def allgatherv(buf: np.ndarray, comm: MPI.Comm) -> np.ndarray:
+    """MPI's Allgatherv of the 1-D ``buf`` (any length per rank): every rank's, in rank order."""
+    sizes = np.array(comm.allgather(int(buf.shape[0])), dtype=np.int64)
+    out = np.empty(int(sizes.sum()), dtype=buf.dtype)
+    comm.Allgatherv(np.ascontiguousarray(buf), [out, (sizes, _displacements(sizes))])
+    return out
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(counts.dtype)
+
+
 @lru_cache(maxsize=1)
 def cuda_aware_mpi() -> bool:
     """Whether MPI can read and write GPU memory: ``GS_HOROVOD_CUDA_AWARE_MPI`` (0/1) if set,

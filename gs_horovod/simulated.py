@@ -153,15 +153,37 @@ class SimulatedComm:
         not counted as traffic."""
         return self._resume([float(p) for p in self._all(torch.tensor(float(value), dtype=torch.float64), name)])
 
-    def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        self.traffic.add("allreduce", x.numel() * x.element_size())
-        return self._resume(self._sum(self._all(x, name)))
-
     def allgather(self, x: Any, name: str) -> Any:
-        """(P, n): every rank's x (n,) in rank order, a torch or TensorFlow array as x is."""
+        """Every rank's x (n_r,) concatenated in rank order, a torch or TensorFlow array as x is;
+        counted as a ring allgather of the mean n_r."""
         t, back = _as_torch(x)
-        self.traffic.add("allgather", t.numel() * t.element_size())
-        return self._resume(back(torch.stack(self._all(t, name))))
+        parts = self._all(t, name)
+        self.traffic.add("allgather", sum(p.numel() * p.element_size() for p in parts) / self.size)
+        return self._resume(back(torch.cat(parts)))
+
+    def allreduce_sum(self, x: Any, name: str) -> Any:
+        """x (n,) summed over ranks in rank order, in x's dtype (int32 counts: exactly)."""
+        t, back = _as_torch(x)
+        self.traffic.add("allreduce", t.numel() * t.element_size())
+        return self._resume(back(self._sum(self._all(t, name))))
+
+    def alltoall(self, x: Any, splits: Any, name: str) -> tuple[Any, Any]:
+        """Rank r's part of every rank's x, by each rank's ``splits`` (P,); returns (the parts sent
+        here in rank order, their sizes (P,) int32). Counted with the bytes the busiest rank
+        really sent and received (a rank's part to itself stays off the wire)."""
+        t, back = _as_torch(x)
+        sizes, _ = _as_torch(splits)
+        self.group.compute_seconds[self.rank] += time.perf_counter() - self.started
+        self.names.append(name)
+        deposited = self.group.exchange(self.rank, (t.clone(), sizes.to("cpu", torch.int64).clone()))
+        table = torch.stack([s for _, s in deposited])  # [sender, receiver]: elements
+        own = table.diagonal()
+        load = (table.sum(1) - own + table.sum(0) - own) * t.element_size()
+        self.traffic.add("alltoall", t.numel() * t.element_size(), wire=float(load.max()))
+        starts = table.cumsum(1) - table
+        mine = [part[int(starts[r, self.rank]):int(starts[r, self.rank] + table[r, self.rank])]
+                for r, (part, _) in enumerate(deposited)]
+        return self._resume((back(torch.cat(mine)), back(table[:, self.rank].to(torch.int32))))
 
     def pairwise(self, x: torch.Tensor, partner: int, name: str) -> torch.Tensor:
         self.traffic.add("pairwise", x.numel() * x.element_size())

@@ -14,17 +14,20 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .array_ops import Array, ArrayOps
-from .gs_sgd import GsConfig, GsSgd, Layout
+from .gs_sgd import GsConfig, GsSgd, Layout, Payload
 
 
 @dataclass
 class CommStats:
-    """Payload bytes this rank handed to collectives, by path (the sketch merge, the allgather
-    that replaces it, the exact round, dense steps and tensors), and steps (cumulative);
-    ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
+    """Payload bytes this rank handed to collectives, by collective (the fields of
+    :class:`~gs_horovod.gs_sgd.Payload`: the sketch merge, the allgather, the sparse exchange's
+    alltoall and threshold rounds, the exact round, dense steps and tensors), and steps
+    (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
 
     sketch_bytes: int = 0
     gather_bytes: int = 0
+    alltoall_bytes: int = 0
+    select_bytes: int = 0
     exact_bytes: int = 0
     dense_bytes: int = 0
     steps: int = 0
@@ -32,15 +35,21 @@ class CommStats:
 
     @property
     def total_bytes(self) -> int:
-        return self.sketch_bytes + self.gather_bytes + self.exact_bytes + self.dense_bytes
+        return sum(getattr(self, f + "_bytes") for f in Payload._fields)
 
-    def add(self, layout: Layout, config: GsConfig, dense: bool, applied: bool) -> None:
-        """Counts one step of ``layout`` (``dense``: a warm-up step)."""
-        sketch, gather, exact, dense_bytes = layout.payload_bytes(config, dense)
-        self.sketch_bytes += sketch
-        self.gather_bytes += gather
-        self.exact_bytes += exact
-        self.dense_bytes += dense_bytes
+    def per_step(self) -> Payload:
+        """The mean :class:`~gs_horovod.gs_sgd.Payload` of the steps so far."""
+        steps = max(1, self.steps)
+        return Payload(*(getattr(self, f + "_bytes") / steps for f in Payload._fields))
+
+    def add(self, layout: Layout, config: GsConfig, dense: bool, applied: bool, gathered: int = 0) -> None:
+        """Counts one step of ``layout`` (``dense``: a warm-up step); ``gathered``: the pairs
+        this rank put into the sparse exchange's allgather, counted instead of the plan."""
+        payload = layout.payload_bytes(config, dense)
+        if layout.exchange == "sparse" and not dense and layout.groups:
+            payload = payload._replace(gather=8 * gathered)
+        for f, n in zip(Payload._fields, payload):
+            setattr(self, f + "_bytes", getattr(self, f + "_bytes") + n)
         self.steps += 1
         self.skipped += 0 if applied else 1
 
@@ -65,6 +74,9 @@ class GsState:
       copies, no concatenation.
     - ``momentum``: u, (D,) f32 laid out alike, or None when ``config.momentum`` is 0.
     - ``steps``: steps applied (warm-up runs while ``steps < config.warmup_steps``).
+    - ``regions``: the sparse exchange's (P + 1,) int64 region edges for the next step (None:
+      even, as after a new layout). They balance the owners' load and change no bit of an
+      update, so checkpoints leave them out.
     - ``checked``: whether the options were compared across ranks (at the first step).
     - ``grads`` / ``update``: this step's recorded gradients (d,) f32 by name, and its flat
       update (D + dense,) f32 with each tensor's view by name (``updates``), handed out once.
@@ -79,6 +91,7 @@ class GsState:
         self.residual: Any = None
         self.momentum: Any = None
         self.steps = 0
+        self.regions: Any = None
         self.checked = False
         self.grads: dict[str, Array] = {}
         self.updates: Optional[dict[str, Array]] = None
@@ -112,11 +125,12 @@ class GsState:
         layout = self.layout
         warm = self.steps < config.warmup_steps
         result = self.engine.step(layout, [grads[n] for n in layout.names], self.residual, self.momentum,
-                                  self.steps, not self.checked, [grads[n] for n in layout.dense_names])
+                                  self.steps, not self.checked, [grads[n] for n in layout.dense_names], self.regions)
         self.checked = True
-        self.stats.add(layout, config, warm or not layout.groups, bool(result.applied))
+        self.stats.add(layout, config, warm or not layout.groups, bool(result.applied), result.gathered)
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
+            self.regions = result.regions
         ops = self.ops
         return {n: ops.slice(result.update, o, d)
                 for n, o, d in zip(layout.all_names, layout.all_offsets, layout.all_sizes)}
@@ -156,6 +170,7 @@ class GsState:
         every tensor kept from the previous layout or restored (zeros for the others)."""
         if layout == self.layout:
             return
+        self.regions = None
         old = {**self._current(), **self.pending_tensors()}
         ops = self.ops
         residuals, momenta = [], []

@@ -100,6 +100,11 @@ class GsSketch(GsSketchBase, Compressor):
 
         return tree_allreduce_tensor(x, comms, stats)
 
+    def _numpy_call(self, fn: Any, arrays: list[torch.Tensor], dtypes: list[str]) -> tuple[torch.Tensor, ...]:
+        device = arrays[0].device
+        out = fn(*(a.detach().cpu().numpy() for a in arrays))
+        return tuple(torch.from_numpy(o).to(device) for o in (out if isinstance(out, tuple) else (out,)))
+
     @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
         """Returns (payload, ctx): for a float tensor one zero float (the gradient is recorded;

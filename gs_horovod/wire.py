@@ -6,6 +6,7 @@ A collective is a ``(kind, n)`` pair, n = the payload bytes one rank contributes
 - ``allreduce``  ring (reduce-scatter + allgather): 2(P−1) rounds of n/P
 - ``tree``       recursive-doubling allreduce: ⌈log2 P⌉ rounds of n
 - ``allgather``  ring: P−1 rounds of n
+- ``alltoall``   pairwise exchange: P−1 rounds of n/P (n/P to each other rank, n/P from each)
 - ``pairwise``   one exchange with one partner (a recursive-doubling round): 1 round of n
 - ``gather``     star, every rank to rank 0: rank 0 receives (P−1)·n
 - ``broadcast``  binomial tree from rank 0: ⌈log2 P⌉ rounds of n through rank 0
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
-KINDS = ("allreduce", "tree", "allgather", "pairwise", "gather", "broadcast")
+KINDS = ("allreduce", "tree", "allgather", "alltoall", "pairwise", "gather", "broadcast")
 Collective = tuple[str, float]
 
 
@@ -36,6 +38,8 @@ def rounds(kind: str, nbytes: float, ranks: int) -> list[float]:
         return [nbytes] * math.ceil(math.log2(P))
     if kind == "allgather":
         return [nbytes] * (P - 1)
+    if kind == "alltoall":
+        return [nbytes / P] * (P - 1)
     if kind == "pairwise":
         return [nbytes]
     return [(P - 1) * nbytes]  # gather
@@ -43,8 +47,9 @@ def rounds(kind: str, nbytes: float, ranks: int) -> list[float]:
 
 def wire_bytes(kind: str, nbytes: float, ranks: int) -> float:
     """Bytes sent plus received by the busiest rank for one collective of ``nbytes`` per rank:
-    allreduce 4(P−1)/P·n, tree 2⌈log2 P⌉·n, allgather 2(P−1)·n, pairwise 2n, gather (P−1)·n
-    (received by rank 0), broadcast ⌈log2 P⌉·n (sent by rank 0)."""
+    allreduce 4(P−1)/P·n, tree 2⌈log2 P⌉·n, allgather 2(P−1)·n, alltoall 2(P−1)/P·n (balanced:
+    see :meth:`Traffic.add` for a measured one), pairwise 2n, gather (P−1)·n (received by rank
+    0), broadcast ⌈log2 P⌉·n (sent by rank 0)."""
     one_way = sum(rounds(kind, nbytes, ranks))
     return one_way if kind in ("gather", "broadcast") else 2 * one_way
 
@@ -69,10 +74,13 @@ class Traffic:
     last_step: list[Collective] = field(default_factory=list)
     _current: list[Collective] = field(default_factory=list)
 
-    def add(self, kind: str, nbytes: float) -> None:
+    def add(self, kind: str, nbytes: float, wire: Optional[float] = None) -> None:
+        """Counts one collective of ``nbytes`` payload; ``wire``: its measured bytes through the
+        busiest rank when the transport knows them (an alltoall's uneven regions), else
+        :func:`wire_bytes`."""
         self._current.append((kind, float(nbytes)))
         self.payload += nbytes
-        self.wire += wire_bytes(kind, nbytes, self.ranks)
+        self.wire += wire_bytes(kind, nbytes, self.ranks) if wire is None else wire
 
     def end_step(self) -> None:
         self.last_step, self._current = self._current, []

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout, Payload
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.simulated import SimulatedRanks
 from gs_horovod.torch import GsSketch
+from gs_horovod.wire import total_wire_bytes
 
 NAMES = ["a.weight", "b.weight"]
 
@@ -237,21 +238,23 @@ def test_momentum_correction_masks_sent_coordinates():
     assert updates[0][0][7] == 100.0 and rank.residuals[0][8] == 2.5 and rank.momenta[0][8] == 1.5
 
 
-def test_auto_takes_the_allgather_only_where_it_costs_no_more_wire_bytes():
-    # defaults: the ring allgather of k (int32, f32) pairs, 2(P−1)·8k bytes, no exact round,
-    # against the ring allreduces of the 3 × 2k f16 sketch and the k exact values, 4(P−1)/P ·
-    # (12k + 4k): the allgather up to P = 4
-    layouts = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 3, 4, 5, 16)}
-    assert {P: x.exchange for P, x in layouts.items()} == {1: "allgather", 2: "allgather", 3: "allgather",
-                                                          4: "allgather", 5: "sketch", 16: "sketch"}
-    assert (layouts[4].exact, layouts[4].apply, layouts[5].exact, layouts[5].apply) == (False, "all", True, "topk")
-    wide = GsConfig(ratio=0.01, width=8.0)  # 4(P−1)/P · (48k + 4k): the allgather up to P = 13
-    assert [Layout.build(["w"], [100_000], wide, ranks=P).exchange for P in (13, 14)] == ["allgather", "sketch"]
-    # with the exact round forced on both paths the allgather pays it too: up to P = 3
-    assert [Layout.build(["w"], [100_000], GsConfig(exact=True), ranks=P).exchange for P in (3, 4)] \
-        == ["allgather", "sketch"]
+def test_auto_takes_the_exact_exchange_with_fewer_wire_bytes():
+    # defaults, D = 100,000, k = 1,000: the allgather's ring puts 2(P−1)·8k bytes through a rank;
+    # the sparse exchange (P−1)/P · (2·8k alltoall + 4·2·1 KiB histograms + 2·8k allgather), so
+    # 16,000 ≤ 40,192 / P: the allgather up to P = 2, the sparse exchange from 3 on
+    layouts = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 3, 4, 5, 16, 1024)}
+    assert {P: x.exchange for P, x in layouts.items()} == {1: "allgather", 2: "allgather", 3: "sparse",
+                                                          4: "sparse", 5: "sparse", 16: "sparse", 1024: "sparse"}
+    assert (layouts[2].exact, layouts[2].apply, layouts[3].exact, layouts[3].apply) == (False, "all", False, "topk")
+    wire = {P: total_wire_bytes(layouts[P].collectives(GsConfig(ratio=0.01)), P) for P in (3, 1024)}
+    assert wire[3] == pytest.approx(40_192 * 2 / 3, rel=2e-2)
+    assert wire[1024] == pytest.approx(40_192 * 1023 / 1024, rel=2e-2)
+    # a tiny k: the histograms cost more than the pairs save, so the allgather runs longer
+    tiny = GsConfig(k=10)
+    assert [Layout.build(["w"], [100_000], tiny, ranks=P).exchange for P in (16, 17)] == ["allgather", "allgather"]
     assert Layout.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
     assert Layout.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
+    assert Layout.build(["w"], [100_000], GsConfig(exchange="sparse"), ranks=2).exchange == "sparse"
 
 
 def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
@@ -315,12 +318,18 @@ def test_sizes_and_bytes_follow_the_options():
     layout = Layout.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
     (grp,) = layout.groups
     assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
-    assert layout.payload_bytes(cfg) == (3 * 2000 * 2, 0, 2000 * 4, 10 * 4)
+    assert layout.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
     assert layout.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
     # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
     gathered = Layout.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
     assert gathered.groups[0].candidates == 1000
-    assert gathered.payload_bytes(cfg) == (0, 8 * 1000, 1000 * 4, 10 * 4)
+    assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
+    # the sparse exchange: the pairs by alltoall, two rounds of 256 int32 counts, an even share of
+    # the selection by allgather
+    sparse = Layout.build(NAMES, [60_000, 40_000], replace(cfg, exchange="sparse"), ("c.bias",), (10,), ranks=4)
+    assert sparse.payload_bytes(cfg) == Payload(gather=2000, alltoall=8000, select=2048, exact=4000, dense=40)
+    assert sparse.collectives(cfg) == [("alltoall", 8000.0), ("allreduce", 1024.0), ("allreduce", 1024.0),
+                                       ("allgather", 2000.0), ("allreduce", 4040.0)]
     layer = Layout.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"), ranks=4)
     assert [g.k for g in layer.groups] == [600, 400]
     assert GsConfig(k=50).k_for(2000) == 50

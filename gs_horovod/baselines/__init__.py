@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..gs_sgd import collectives_of
 from ..state import CommStats
 from ..wire import Collective, Traffic, total_wire_bytes
 from .comm import Comm, HorovodComm
@@ -62,17 +63,9 @@ class Meter:
 
     @classmethod
     def of_gs(cls, stats: CommStats, ranks: int, kind: str = "allreduce") -> Meter:
-        """gs-SGD's meter from its :class:`CommStats`: per step (means so far) the sketch merge
-        and the exact round (with the small tensors), each one ``kind`` collective, and the
-        allgather where it replaced the sketch; empty ones left out."""
-
-        def step() -> list[Collective]:
-            steps = max(1, stats.steps)
-            out = [(kind, stats.sketch_bytes / steps), ("allgather", stats.gather_bytes / steps),
-                   (kind, (stats.exact_bytes + stats.dense_bytes) / steps)]
-            return [(k, n) for k, n in out if n]
-
-        return cls(ranks, step)
+        """gs-SGD's meter from its :class:`CommStats`: per step (means so far) its collectives
+        as :func:`gs_horovod.gs_sgd.collectives_of` lays them out, the allreduces as ``kind``."""
+        return cls(ranks, lambda: collectives_of(stats.per_step(), kind))
 
     @classmethod
     def dense(cls, parameters: list[Any], ranks: int, itemsize: int | None = None) -> Meter:

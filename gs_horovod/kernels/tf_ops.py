@@ -187,23 +187,72 @@ class TfOps:
     def heavy_hitters(self, table: tf.Tensor, keys: np.ndarray, length: int, count: int) -> tuple[tf.Tensor, tf.Tensor]:
         return heavy_hitters(table, keys, length, count)
 
-    def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
-        return tf.concat([tf.bitcast(tf.cast(idx, tf.int32), tf.float32), vals], 0)
+    def pairs(self, idx: tf.Tensor, vals: tf.Tensor) -> tf.Tensor:
+        return tf.reshape(tf.stack([tf.bitcast(tf.cast(idx, tf.int32), tf.float32), vals], 1), [-1])
 
-    def unpack_pairs(self, rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        n = rows.shape[1] // 2
-        return tf.cast(tf.bitcast(rows[:, :n], tf.int32), tf.int64), rows[:, n:]
+    def unpairs(self, buf: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        both = tf.reshape(buf, [-1, 2])
+        return tf.cast(tf.bitcast(both[:, 0], tf.int32), tf.int64), both[:, 1]
 
-    def columns(self, x: tf.Tensor, start: int, size: int) -> tf.Tensor:
-        return x[:, start:start + size]
-
-    def union_sum(self, idx: tf.Tensor, vals: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        union, _ = tf.unique(tf.sort(tf.reshape(idx, [-1])))
+    def union_sum(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        union, _ = tf.unique(tf.sort(idx))
         sums = tf.zeros(tf.shape(union), vals.dtype)
-        for r in range(idx.shape[0]):  # a row's positions are distinct: no two writes collide
-            pos = tf.searchsorted(union, idx[r])
-            sums = tf.tensor_scatter_nd_add(sums, pos[:, None], vals[r])
+        vectors = int(counts.shape[0])
+        counts = tf.cast(counts, tf.int64)
+        for part, v in zip(tf.split(idx, counts, num=vectors), tf.split(vals, counts, num=vectors)):
+            pos = tf.searchsorted(union, part)  # a vector's positions are distinct: no two writes collide
+            sums = tf.tensor_scatter_nd_add(sums, pos[:, None], v)
         return union, sums
+
+    def spans(self, x: tf.Tensor, starts: list[int]) -> list[tuple[tf.Tensor, tf.Tensor]]:
+        edges = tf.concat([tf.searchsorted(x, tf.constant(starts, x.dtype)), tf.size(x)[None]], 0)
+        return [(edges[g], edges[g + 1] - edges[g]) for g in range(len(starts))]
+
+    def bucket(self, x: tf.Tensor, edges: tf.Tensor) -> tf.Tensor:
+        found = tf.searchsorted(edges, x, side="right", out_type=tf.int64) - 1
+        return tf.clip_by_value(found, 0, tf.cast(tf.size(edges), tf.int64) - 2)
+
+    def count(self, bins: tf.Tensor, n: int, mask: Optional[tf.Tensor] = None) -> tf.Tensor:
+        bins = bins if mask is None else tf.boolean_mask(bins, mask)
+        return tf.math.bincount(tf.cast(bins, tf.int32), minlength=n, maxlength=n, dtype=tf.int32)
+
+    def abs_key(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.cast(_abs_key(x), tf.int64)
+
+    def key_bits(self, key: tf.Tensor, shift: int, bits: int) -> tf.Tensor:
+        return tf.bitwise.bitwise_and(tf.bitwise.right_shift(key, tf.constant(shift, tf.int64)),
+                                      tf.constant((1 << bits) - 1, tf.int64))
+
+    def radix_cut(self, counts: tf.Tensor, wanted: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        hist = tf.reshape(tf.cast(counts, tf.int64), [int(wanted.shape[0]), -1])
+        from_top = tf.reverse(tf.cumsum(tf.reverse(hist, [1]), 1), [1])  # [g, b]: in bins b and above
+        cut = tf.reduce_sum(tf.cast(from_top >= tf.cast(wanted, tf.int64)[:, None], tf.int64), 1) - 1
+        beyond = tf.concat([from_top, tf.zeros_like(from_top[:, :1])], 1)
+        return cut, tf.cast(tf.gather(beyond, cut + 1, batch_dims=1), tf.int32)
+
+    def equal_at(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+        return tf.equal(a, b)
+
+    def keep_top(self, prefix: tf.Tensor, key: tf.Tensor, group: tf.Tensor, cut: tf.Tensor,
+                 ties: tf.Tensor) -> tf.Tensor:
+        at = tf.gather(cut, group)
+        tied = tf.where(tf.equal(prefix, at))[:, 0]
+        g = tf.gather(group, tied)
+        order = tf.argsort(g * (1 << 32) + (0x7FFFFFFF - tf.gather(key, tied)), stable=True)
+        g = tf.gather(g, order)
+        rank = tf.range(tf.size(g, tf.int64), dtype=tf.int64) - tf.searchsorted(g, g, out_type=tf.int64)
+        chosen = tf.gather(tied, tf.boolean_mask(order, rank < tf.cast(tf.gather(ties, g), tf.int64)))
+        mask = tf.tensor_scatter_nd_update(prefix > at, chosen[:, None], tf.ones_like(chosen, tf.bool))
+        return tf.where(mask)[:, 0]
+
+    def host_int32(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.cast(x, tf.int32)
+
+    def size_of(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.size(x, tf.int64)
+
+    def count_of(self, n: Any) -> tf.Tensor:
+        return tf.cast(n, tf.int64)
 
     def checksum(self, idx: tf.Tensor) -> tf.Tensor:
         """(Σ idx mod 2^40) · 2^21 + Σ (idx mod 65521)² mod 2^21: equal for equal idx."""

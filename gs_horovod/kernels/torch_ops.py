@@ -366,23 +366,72 @@ class TorchOps:
                       count: int) -> tuple[torch.Tensor, torch.Tensor]:
         return heavy_hitters(self.backend, table.contiguous(), keys, length, count)
 
-    def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
-        return torch.cat([idx.to(torch.int32).view(torch.float32), vals])
+    def pairs(self, idx: torch.Tensor, vals: torch.Tensor) -> torch.Tensor:
+        return torch.stack([idx.to(torch.int32).view(torch.float32), vals], 1).reshape(-1)
 
-    def unpack_pairs(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n = rows.shape[1] // 2
-        return rows[:, :n].contiguous().view(torch.int32).long(), rows[:, n:]
+    def unpairs(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        both = buf.view(-1, 2)
+        return both[:, 0].contiguous().view(torch.int32).long(), both[:, 1].contiguous()
 
-    def columns(self, x: torch.Tensor, start: int, size: int) -> torch.Tensor:
-        return x[:, start:start + size]
-
-    def union_sum(self, idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def union_sum(self, idx: torch.Tensor, vals: torch.Tensor,
+                  counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         union = torch.unique(idx)
         sums = torch.zeros(len(union), dtype=vals.dtype, device=vals.device)
-        for row, v in zip(idx, vals):  # a row's positions are distinct: no two writes collide
-            pos = torch.searchsorted(union, row)
+        sizes = [int(c) for c in counts.tolist()]
+        for part, v in zip(idx.split(sizes), vals.split(sizes)):  # a vector's positions are distinct
+            pos = torch.searchsorted(union, part)
             sums[pos] = sums[pos] + v
         return union, sums
+
+    def spans(self, x: torch.Tensor, starts: list[int]) -> list[tuple[int, int]]:
+        edges = torch.searchsorted(x, torch.tensor(starts, dtype=x.dtype, device=x.device)).tolist() + [len(x)]
+        return [(first, end - first) for first, end in zip(edges[:-1], edges[1:])]
+
+    def bucket(self, x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+        edges = edges.to(x.device)
+        return (torch.searchsorted(edges, x, right=True) - 1).clamp_(0, len(edges) - 2)
+
+    def count(self, bins: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.bincount(bins if mask is None else bins[mask], minlength=n).int()
+
+    def abs_key(self, x: torch.Tensor) -> torch.Tensor:
+        return _abs_key(x).long()
+
+    def key_bits(self, key: torch.Tensor, shift: int, bits: int) -> torch.Tensor:
+        return (key >> shift) & ((1 << bits) - 1)
+
+    def radix_cut(self, counts: torch.Tensor, wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hist = counts.view(len(wanted), -1).long()
+        from_top = hist.flip(1).cumsum(1).flip(1)  # [g, b]: how many lie in bins b and above
+        wanted = wanted.to(hist.device).long()
+        cut = (from_top >= wanted[:, None]).sum(1) - 1
+        beyond = torch.cat([from_top, torch.zeros_like(from_top[:, :1])], 1)
+        return cut, beyond.gather(1, (cut + 1)[:, None])[:, 0].int()
+
+    def equal_at(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a == b
+
+    def keep_top(self, prefix: torch.Tensor, key: torch.Tensor, group: torch.Tensor, cut: torch.Tensor,
+                 ties: torch.Tensor) -> torch.Tensor:
+        at = cut.to(prefix.device)[group]
+        mask = prefix > at
+        tied = torch.nonzero(prefix == at).flatten()
+        if tied.numel():
+            g = group[tied]
+            order = torch.sort((g << 32) + (0x7FFFFFFF - key[tied]), stable=True).indices
+            g = g[order]
+            rank = torch.arange(len(g), device=g.device) - torch.searchsorted(g, g)
+            mask[tied[order[rank < ties.to(g.device)[g]]]] = True
+        return torch.nonzero(mask).flatten()
+
+    def host_int32(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to("cpu", torch.int32)
+
+    def size_of(self, x: torch.Tensor) -> int:
+        return x.numel()
+
+    def count_of(self, n: Any) -> int:
+        return int(n)
 
     def checksum(self, idx: torch.Tensor) -> int:
         return zlib.crc32(idx.cpu().numpy().tobytes())

@@ -1,0 +1,86 @@
+"""The engine's exchanges on every real transport (Horovod over gloo, ``merge="mpi"`` over
+mpi4py, torch.distributed under torchrun) at 2, 3 and 4 ranks, against a NumPy recomputation
+of the step from every rank's gradients (tests/workers/exchanges.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+SETUPS = [("horovod", 2), ("horovod", 4), ("mpi", 3), ("ddp", 3)]
+CASES = ("random", "ties", "one_region", "zero_rank")
+K = 45  # ceil(0.01 · 4500)
+
+
+@pytest.fixture(scope="module", params=SETUPS, ids=[f"{t}-{n}ranks" for t, n in SETUPS])
+def ranks(request, tmp_path_factory):
+    from conftest import horovodrun, torchrun
+
+    kind, n = request.param
+    out = tmp_path_factory.mktemp(f"{kind}{n}")
+    if kind == "ddp":
+        return torchrun("exchanges.py", n, out, kind)
+    return horovodrun("exchanges.py", n, "mpi" if kind == "mpi" else "gloo", out, kind)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_sparse_update_is_the_top_k_of_the_unions_sums_bitwise(ranks, case):
+    # random: mostly disjoint heavy coordinates; ties: magnitudes 1 and 2 only (ties broken by
+    # lower index); one_region: every heavy coordinate in the first owner's region; zero_rank:
+    # one rank's gradient is zero
+    for r in ranks:
+        assert r[f"{case}_equals_reference"], f"rank {ranks.index(r)} of {len(ranks)}"
+        assert r[f"{case}_nonzeros"] == K
+        assert r[f"{case}_small_max_abs"] <= 1e-6
+        assert r[f"{case}_regions"] == ranks[0][f"{case}_regions"]  # every rank cuts alike
+
+
+def test_regions_follow_the_last_selection(ranks):
+    P = len(ranks)
+    edges = ranks[0]["one_region_regions"]
+    assert edges[0] == 0 and edges[-1] == 4500 and len(edges) == P + 1
+    # the heavy coordinates all lay in [0, 200): the next step's regions crowd there
+    assert edges[-2] < 200 <= 4500 // P
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bytes_counted_are_the_bytes_handed_to_collectives(ranks, case):
+    for r in ranks:
+        counted, stats = r[f"{case}_counted"], r[f"{case}_stats"]
+        assert counted.get("alltoall", 0) == stats["alltoall_bytes"] == 8 * K  # its own pairs, once
+        assert counted.get("select", 0) == stats["select_bytes"] == 2 * 256 * 4
+        assert counted.get("gather", 0) == stats["gather_bytes"]
+        assert counted.get("dense", 0) == stats["dense_bytes"] == 40
+    # every selected pair is gathered from its one owner, and each owner adds at most the
+    # missing count of pairs from the threshold's 16-bit bin (trimmed on every rank alike)
+    gathered = sum(r[f"{case}_counted"].get("gather", 0) for r in ranks) // 8
+    assert K <= gathered <= K * len(ranks)
+
+
+@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch"])
+def test_residuals_keep_what_was_not_applied(ranks, exchange):
+    for r in ranks:
+        assert r[f"{exchange}_exchange"] == exchange
+        assert r[f"{exchange}_conservation_max_abs"] <= 1e-5
+        assert r[f"{exchange}_digest"] == ranks[0][f"{exchange}_digest"]
+
+
+def test_sparse_equals_the_allgathers_top_k_step_after_step(ranks):
+    assert all(r["sparse_equals_allgather_topk"] for r in ranks)
+    assert not math.isclose(ranks[0]["sparse_digest"], ranks[0]["sketch_digest"])  # the sketch differs
+
+
+def test_resume_from_saved_state_is_bitwise(ranks):
+    assert all(r["resume_bitwise"] for r in ranks)
+
+
+def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
+    for r in ranks:
+        assert "'b.weight' is NaN or infinite on at least one rank" in r["nan_error"]
+        assert r["nan_residual_kept"]
+
+
+def test_options_that_differ_across_ranks_raise_on_every_rank(ranks):
+    for r in ranks:
+        assert "options differ across ranks" in r["options_error"]

@@ -1,0 +1,233 @@
+"""Runs on real ranks: the engine's exchanges on one transport, against a NumPy reference.
+
+    horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py OUT_DIR horovod
+    horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi
+    torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
+
+Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's) carry one
+:class:`gs_horovod.state.GsState` per exchange over synthetic gradients with known heavy
+coordinates; every rank gathers every rank's gradients and recomputes the step in NumPy, and
+counts the bytes its collectives really received. The pytest side (tests/test_exchanges.py)
+asserts on the JSON each rank writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from rank_result import write_result
+
+from gs_horovod.gs_sgd import GsConfig, GsSgd
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.state import CommStats, GsState
+
+SIZES = {"a.weight": 3000, "b.weight": 1500, "c.bias": 10}  # c.bias is below min_size: sent exactly
+EXCHANGES = ("sparse", "allgather", "sketch")
+
+
+class Counting:
+    """Wraps a transport's collectives and counts the elements each call hands over and gets
+    back, by collective (what the byte checks compare with the engine's own counts)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.size, self.averages = inner, inner.size, inner.averages
+        self.sent: dict[str, int] = {}
+
+    def _count(self, kind: str, x: torch.Tensor) -> None:
+        self.sent[kind] = self.sent.get(kind, 0) + x.numel() * x.element_size()
+
+    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self._count("select" if name.startswith("gs_horovod.select") else name.split(".")[-1], x)
+        return self.inner.allreduce(x, name)
+
+    def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self._count("select", x)
+        return self.inner.allreduce_sum(x, name)
+
+    def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        self._count("gather", x)
+        return self.inner.allgather(x, name)
+
+    def alltoall(self, x: torch.Tensor, splits: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        self._count("alltoall", x)
+        return self.inner.alltoall(x, splits, name)
+
+    def same_on_every_rank(self, value: Any, name: str) -> Any:
+        return self.inner.same_on_every_rank(value, name)
+
+
+def transport(kind: str) -> tuple[Callable[[], Any], Callable[[torch.Tensor], torch.Tensor], int, int]:
+    """(a factory of fresh collectives, an allgather of equal-length tensors as (P, n), rank, P)."""
+    if kind == "ddp":
+        import torch.distributed as dist
+
+        from gs_horovod.ddp import DistCollectives
+
+        dist.init_process_group("gloo")
+        P = dist.get_world_size()
+
+        def gather(x: torch.Tensor) -> torch.Tensor:
+            parts = [torch.empty_like(x) for _ in range(P)]
+            dist.all_gather(parts, x)
+            return torch.stack(parts)
+
+        return lambda: DistCollectives(None), gather, dist.get_rank(), P
+    import horovod.torch as hvd
+
+    from gs_horovod.torch import GsSketch
+
+    hvd.init()
+    compressor = GsSketch(merge="mpi" if kind == "mpi" else "horovod")
+    return (lambda: compressor._collectives(hvd.Average, hvd.global_process_set),
+            lambda x: hvd.allgather(x[None], name=f"test.gather.{x.numel()}"), hvd.rank(), hvd.size())
+
+
+def abs_key(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.int32) & 0x7FFFFFFF).astype(np.int64)
+
+
+def top(x: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` largest |x| (ties: lower index), ascending."""
+    order = np.lexsort((np.arange(len(x)), -abs_key(x)))
+    return np.sort(order[:count])
+
+
+def reference(a: np.ndarray, k: int, small: np.ndarray) -> np.ndarray:
+    """The step from zero residuals in NumPy: every rank's top-k of a_r (P, D) f32, their union's
+    sums added in rank order in f32 and divided by P, the top k of those; then the exact mean
+    of the small tensors (P, d)."""
+    P, D = a.shape
+    sums, fed = np.zeros(D, np.float32), np.zeros(D, bool)
+    for r in range(P):
+        mine = top(a[r], k)
+        sums[mine] = sums[mine] + a[r, mine]
+        fed[mine] = True
+    union = np.flatnonzero(fed)
+    means = sums[union] / np.float32(P)
+    update = np.zeros(D, np.float32)
+    best = top(means, k)
+    update[union[best]] = means[best]
+    return np.concatenate([update, small.astype(np.float32).sum(0, dtype=np.float32) / np.float32(P)])
+
+
+def gradients(kind: str, rank: int, P: int, seed: int) -> dict[str, torch.Tensor]:
+    """Per-rank gradients: "random" (a few heavy coordinates per rank, mostly disjoint), "ties"
+    (every magnitude 1 or 2), "one_region" (everything heavy in the first 200 coordinates),
+    "zero_rank" (rank 1's gradient is zero)."""
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    out = {n: torch.randn(d, generator=gen) * 0.01 for n, d in SIZES.items()}
+    w = out["a.weight"]
+    if kind == "ties":
+        for n in out:
+            out[n] = torch.where(torch.rand(SIZES[n], generator=gen) < 0.02, 2.0, 1.0) * \
+                torch.sign(torch.randn(SIZES[n], generator=gen))
+    elif kind == "one_region":
+        w[:200] += torch.randn(200, generator=gen) * 10
+    elif kind == "zero_rank" and rank == 1:
+        out = {n: torch.zeros(d) for n, d in SIZES.items()}
+    else:
+        heavy = torch.randint(0, 4500, (20,), generator=gen)
+        w[heavy[heavy < 3000]] += 5.0
+    return out
+
+
+def flat(step: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([step[n] for n in sorted(SIZES)])
+
+
+def state(make: Callable[[], Any], **options: Any) -> tuple[GsState, Counting]:
+    comm = Counting(make())
+    return GsState(GsSgd(GsConfig(ratio=0.01, **options), TorchOps(), comm), CommStats()), comm
+
+
+def step_of(st: GsState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+    out = st.step({n: g.clone() for n, g in grads.items()})
+    return torch.cat([out[n] for n in st.layout.all_names])
+
+
+def main(out_dir: str, kind: str) -> None:
+    make, gather, rank, P = transport(kind)
+    result: dict[str, Any] = {"ranks": P}
+    layout_names = sorted(n for n, d in SIZES.items() if d >= 1024) + ["c.bias"]
+    for case in ("random", "ties", "one_region", "zero_rank"):
+        grads = gradients(case, rank, P, 0)
+        everyone = gather(torch.cat([grads[n] for n in layout_names]))
+        D = sum(SIZES[n] for n in layout_names[:-1])
+        want = reference(everyone[:, :D].numpy(), 45, everyone[:, D:].numpy())
+        st, comm = state(make, exchange="sparse")
+        got = step_of(st, grads).numpy()
+        # the compressed part bit for bit; the small tensors go through the transport's own
+        # allreduce, whose order of addition is its own
+        result[f"{case}_equals_reference"] = bool(np.array_equal(got[:D].view(np.int32), want[:D].view(np.int32)))
+        result[f"{case}_small_max_abs"] = float(np.abs(got[D:] - want[D:]).max())
+        result[f"{case}_nonzeros"] = int(np.count_nonzero(got[:D]))
+        result[f"{case}_regions"] = st.regions.tolist()
+        result[f"{case}_counted"] = comm.sent
+        result[f"{case}_stats"] = vars(st.stats)
+
+    # several steps: the sparse exchange's update and residuals equal the allgather's top k (the
+    # same selection, the same sums); the sketch runs on the same transport; the residuals keep
+    # what was not applied: Σ_r e_r + P·ΣΔ = Σ_r Σ_t g_r,t
+    runs = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {}))[0] for e in EXCHANGES}
+    applied = {e: torch.zeros(sum(SIZES.values())) for e in EXCHANGES}
+    total = torch.zeros(sum(SIZES.values()))
+    for t in range(4):
+        grads = gradients("random", rank, P, 10 + t)
+        total += flat(grads)
+        for e, st in runs.items():
+            applied[e] += step_of(st, grads)
+    same = torch.equal(applied["sparse"], applied["allgather"]) and \
+        torch.equal(runs["sparse"].residual, runs["allgather"].residual)
+    result["sparse_equals_allgather_topk"] = bool(same)
+    for e, st in runs.items():
+        D = st.layout.total
+        kept = gather(st.residual).sum(0) + P * applied[e][:D]
+        result[f"{e}_conservation_max_abs"] = float((kept - gather(total[:D]).sum(0)).abs().max())
+        result[f"{e}_digest"] = float(applied[e].double().sum())
+        result[f"{e}_exchange"] = st.layout.exchange
+
+    # resume: a new state restored from the first one's per-tensor state after 2 steps continues
+    # bitwise as the uninterrupted run (the region edges are not saved: they move no bit)
+    whole, _ = state(make, exchange="sparse")
+    first, _ = state(make, exchange="sparse")
+    outs_whole, outs_resumed = [], []
+    for t in range(4):
+        grads = gradients("one_region" if t % 2 else "random", rank, P, 20 + t)
+        outs_whole.append(step_of(whole, grads))
+        if t == 2:
+            resumed, _ = state(make, exchange="sparse")
+            resumed.restore(first.tensors())
+            first = resumed
+        outs_resumed.append(step_of(first, grads))
+    result["resume_bitwise"] = all(torch.equal(a, b) for a, b in zip(outs_whole, outs_resumed)) and \
+        torch.equal(whole.residual, first.residual)
+
+    # NaN on one rank: every rank raises naming the tensor, and nothing is committed
+    st, _ = state(make, exchange="sparse")
+    step_of(st, gradients("random", rank, P, 30))
+    before = st.residual.clone()
+    bad = gradients("random", rank, P, 31)
+    if rank == P - 1:
+        bad["b.weight"][7] = float("nan")
+    try:
+        step_of(st, bad)
+        result["nan_error"] = ""
+    except FloatingPointError as error:
+        result["nan_error"] = str(error)
+    result["nan_residual_kept"] = bool(torch.equal(before, st.residual))
+
+    # options that differ across ranks: every rank raises
+    st, _ = state(make, exchange="sparse", **({"seed": 1} if rank == 0 else {}))
+    try:
+        step_of(st, gradients("random", rank, P, 40))
+        result["options_error"] = ""
+    except ValueError as error:
+        result["options_error"] = str(error)
+    write_result(out_dir, rank, result)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
