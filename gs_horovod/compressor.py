@@ -13,9 +13,10 @@ import numpy as np
 
 from .array_ops import Array, ArrayOps
 from .checkpoint import CheckpointApi
+from .collectives import count
 from .gs_sgd import GsConfig, Layout
 from .mpi import MergeStats
-from .wire import Collective
+from .wire import Collective, Traffic
 
 
 class DefaultInstance:
@@ -94,17 +95,19 @@ def op_name(name: str) -> str:
 
 
 class HorovodCollectives:
-    """:class:`gs_horovod.gs_sgd.Collectives` over Horovod (``hvd``: horovod.torch or
-    horovod.tensorflow; blocking in torch, graph ops in TF): allreduce with the optimizer's op
-    (Average or Sum), allgather (any length per rank) and alltoall (with splits), on its
-    process set."""
+    """:class:`gs_horovod.collectives.Collectives` over Horovod (``hvd``: horovod.torch or
+    horovod.tensorflow; blocking in torch, graph ops in TF) on ``process_set``: ``allreduce``
+    with ``op`` (Average or Sum), allgather (any length per rank), alltoall with splits,
+    broadcast from rank 0. ``traffic``: where torch calls are counted (None under TF, whose
+    traced step the adapter's graph counters count)."""
 
-    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any) -> None:
-        self.hvd, self.ops, self.op, self.process_set = hvd, ops, op, process_set
-        self.size, self.averages = process_set.size(), op == hvd.Average
+    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
+        self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic
+        self.rank, self.size, self.averages = process_set.rank(), process_set.size(), op == hvd.Average
 
     def allreduce(self, x: Array, name: str) -> Array:
         hvd = self.hvd
+        count(self.traffic, "allreduce", x)
         if self.ops.dtype_name(x) == "float16" and self.op == hvd.Average:  # sum x/P: a float16 sum of P x
             return hvd.allreduce(x, op=hvd.Sum, prescale_factor=1.0 / self.size,  # could overflow
                                  name=op_name(name), process_set=self.process_set)
@@ -116,15 +119,22 @@ class HorovodCollectives:
         return self.ops.equal(both[0], -both[1])
 
     def allreduce_sum(self, x: Array, name: str) -> Array:
+        count(self.traffic, "allreduce", x)
         return self.hvd.allreduce(x, op=self.hvd.Sum, name=op_name(name), process_set=self.process_set)
 
     def allgather(self, x: Array, name: str) -> Array:
+        count(self.traffic, "allgather", x)
         return self.hvd.allgather(x, name=op_name(name), process_set=self.process_set)
 
-    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
+    def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
+        count(self.traffic, kind, x)
         received, got = self.hvd.alltoall(x, splits=self.ops.host_int32(splits), name=op_name(name),
                                           process_set=self.process_set)
         return received, self.ops.reshape(got, (self.size,))
+
+    def broadcast(self, x: Array, name: str) -> Array:
+        count(self.traffic, "broadcast", x)
+        return self.hvd.broadcast(x, root_rank=0, name=op_name(name), process_set=self.process_set)
 
 
 TreeAllreduce = Callable[[Array, Any, MergeStats], Array]
@@ -144,26 +154,30 @@ class MpiCollectives(HorovodCollectives):
     tiny checks stay on Horovod."""
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Any, stats: MergeStats,
-                 tree: TreeAllreduce, numpy_call: NumpyCall) -> None:
-        super().__init__(hvd, ops, op, process_set)
+                 tree: TreeAllreduce, numpy_call: NumpyCall, traffic: Optional[Traffic] = None) -> None:
+        super().__init__(hvd, ops, op, process_set, traffic)
         self.comms, self.stats, self.tree, self.numpy_call = comms, stats, tree, numpy_call
 
     def allreduce_sum(self, x: Array, name: str) -> Array:
+        count(self.traffic, "tree", x)
         return self.tree(x, self.comms, self.stats)
 
     def allgather(self, x: Array, name: str) -> Array:
         from .mpi import allgatherv
 
+        count(self.traffic, "allgather", x)
         return self.numpy_call(lambda buf: (allgatherv(buf, self.comms.comm),), [x], ["float32"])[0]
 
-    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
+    def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
         from .mpi import alltoallv
 
+        count(self.traffic, kind, x)
         received, got = self.numpy_call(lambda buf, counts: alltoallv(buf, counts, self.comms.comm), [x, splits],
                                         ["float32", "int32"])
         return received, self.ops.reshape(got, (self.size,))
 
     def allreduce(self, x: Array, name: str) -> Array:
+        count(self.traffic, "tree", x)
         size = self.comms.comm.Get_size()
         average, half = self.op == self.hvd.Average, self.ops.dtype_name(x) == "float16"
         if average and half:
@@ -184,6 +198,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     """
 
     _hvd: Any
+    _eager = False  # whether the framework runs collectives eagerly (torch) rather than traced (TF)
     config = DefaultInstanceAttribute()
     merge = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
@@ -218,7 +233,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
         if self.merge == "horovod":
-            return HorovodCollectives(hvd, self.ops, op, process_set)
+            return HorovodCollectives(hvd, self.ops, op, process_set, self._traffic(process_set))
         if process_set is not None and process_set.process_set_id != 0:
             raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
         if self._comms is None:
@@ -226,7 +241,13 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
             self._comms = Communicators(horovod_world(hvd, self._comm).Dup())  # initialises MPI
         return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce,
-                              self._numpy_call)
+                              self._numpy_call, self._traffic(process_set))
+
+    def _traffic(self, process_set: Any) -> Optional[Traffic]:
+        """Where the collectives count what they send: a Traffic in eager frameworks (torch),
+        None where the step is traced (TF)."""
+        return Traffic(process_set.size()) if self._eager else None
+
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:

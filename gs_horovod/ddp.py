@@ -23,24 +23,30 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import CheckpointApi
+from .collectives import count
 from .compressor import config_from
 from .gs_sgd import GsSgd
 from .kernels.torch_ops import TorchOps
 from .state import CommStats
 from .state import GsState as EngineState
+from .wire import Traffic
 
 
 class DistCollectives:
-    """:class:`gs_horovod.gs_sgd.Collectives` over ``torch.distributed`` on ``group`` (None: the
-    default group): blocking ``all_reduce``, the mean as the sum divided by the group's size."""
+    """:class:`gs_horovod.collectives.Collectives` over ``torch.distributed`` on ``group`` (None:
+    the default group), blocking: ``all_reduce`` (the mean as the sum divided by the group's
+    size), ``all_gather`` of exchanged lengths, ``all_to_all_single``, ``broadcast``; counted
+    into ``traffic``."""
 
     def __init__(self, group: Optional[dist.ProcessGroup]) -> None:
         self.group = group
-        self.size, self.averages = dist.get_world_size(group), True
+        self.rank, self.size, self.averages = dist.get_rank(group), dist.get_world_size(group), True
+        self.traffic = Traffic(self.size)
 
     def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x (n,) f32 → the mean (n,) f32; f16 (the sketch) is scaled by 1/P before the sum, as
         Horovod's prescale does, so the f16 sum cannot overflow where the mean does not."""
+        count(self.traffic, "allreduce", x)
         if x.dtype == torch.float16:
             out = (x.float() * (1.0 / self.size)).half()
             dist.all_reduce(out, group=self.group)
@@ -50,6 +56,7 @@ class DistCollectives:
         return out.div_(self.size)
 
     def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        count(self.traffic, "allreduce", x)
         out = x.clone()
         dist.all_reduce(out, group=self.group)
         return out
@@ -57,6 +64,7 @@ class DistCollectives:
     def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Every rank's x (n_r,) concatenated in rank order: the lengths by one ``all_gather``,
         then x padded to the longest by another."""
+        count(self.traffic, "allgather", x)
         sizes = self._gather_padded(torch.tensor([x.numel()], dtype=torch.int64, device=x.device)).flatten()
         longest = int(sizes.max())
         padded = torch.cat([x, x.new_zeros(longest - x.numel())])
@@ -68,14 +76,22 @@ class DistCollectives:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.stack(parts)
 
-    def alltoall(self, x: torch.Tensor, splits: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def alltoall(self, x: torch.Tensor, splits: torch.Tensor, name: str,
+                 kind: str = "alltoall") -> tuple[torch.Tensor, torch.Tensor]:
         """``all_to_all_single`` of the counts (int64), then of x with those splits."""
+        count(self.traffic, kind, x)
         sent = splits.to(x.device, torch.int64)
         got = torch.empty_like(sent)
         dist.all_to_all_single(got, sent, group=self.group)
         out = x.new_empty(int(got.sum()))
         dist.all_to_all_single(out, x.contiguous(), got.tolist(), sent.tolist(), group=self.group)
         return out, got.int()
+
+    def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        count(self.traffic, "broadcast", x)
+        out = x.clone()
+        dist.broadcast(out, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
+        return out
 
     def same_on_every_rank(self, value: int, name: str) -> bool:
         """One all_reduce MIN of (v, −v): equal everywhere iff min v = max v."""
@@ -103,7 +119,7 @@ class GsState(CheckpointApi):
     - ``process_group``: the group the hook reduces over (None: the default group); DDP's own.
     - ``config``: the :class:`~gs_horovod.gs_sgd.GsConfig` built from the keyword options (the
       options of ``GsSketch``: ``scope``, ``ratio``, ``k``, ``rows``, ``width``, ``candidates``,
-      ``prefilter``, ``sketch_dtype``, ``seed``, ``exact``, ``warmup_steps``, ``min_size``,
+      ``apply``, ``exchange``, ``prefilter``, ``sketch_dtype``, ``seed``, ``exact``, ``warmup_steps``, ``min_size``,
       ``momentum``, ``backend``, ``nonfinite``, ``check_every``), checked by name (TypeError
       listing the allowed ones), compared across ranks at the first step (ValueError on every
       rank if they differ).

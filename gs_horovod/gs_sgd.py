@@ -1,5 +1,6 @@
 """The gs-SGD step on one rank, written once for every framework (arrays and kernels come
-from an :class:`~gs_horovod.sketch.ArrayOps`, collectives from a :class:`Collectives`).
+from an :class:`~gs_horovod.array_ops.ArrayOps`, collectives from a
+:class:`~gs_horovod.collectives.Collectives`).
 
 A step takes the gradients g of all compressed tensors (each flattened to float32, in name
 order) and works on groups of coordinates: with ``scope="global"`` one group of all D
@@ -58,11 +59,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Optional, Protocol
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from .array_ops import Array, ArrayOps
+from .collectives import Collectives
 from .kernels import BACKENDS
 from .kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS, hash_keys
 from .wire import total_wire_bytes
@@ -369,34 +371,6 @@ def _starts(sizes: tuple[int, ...]) -> list[int]:
         out.append(start)
         start += d
     return out
-
-
-class Collectives(Protocol):
-    """The collectives a step needs, over the ranks of one optimizer (framework's own).
-
-    size: P, the ranks; averages: whether ``allreduce`` returns the mean (else the sum)."""
-
-    size: int
-    averages: bool
-
-    def allreduce(self, x: Array, name: str) -> Array:
-        """x (n,) f32 or f16, averaged (op Average) or summed (op Sum) over ranks; the result is
-        bitwise identical on every rank."""
-
-    def allreduce_sum(self, x: Array, name: str) -> Array:
-        """x (n,) int32 summed over ranks, exactly (whatever the optimizer's op)."""
-
-    def same_on_every_rank(self, value: Any, name: str) -> Any:
-        """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
-
-    def allgather(self, x: Array, name: str) -> Array:
-        """Every rank's x (n_r,) f32 concatenated in rank order ((P·n,) or (P, n) when every n_r
-        is n), bits untouched; n_r may differ across ranks."""
-
-    def alltoall(self, x: Array, splits: Array, name: str) -> tuple[Array, Array]:
-        """Sends x[Σ_{q<r} splits[q] : Σ_{q≤r} splits[q]] (f32, bits untouched) to rank r, for
-        splits (P,) int32 summing to len(x); returns (what every rank sent here, concatenated in
-        rank order; the sizes received from each rank (P,) int32)."""
 
 
 @dataclass

@@ -6,16 +6,16 @@ rank; the last rank to arrive completes the collective and hands the turn back t
 every rank computes exactly what it would on its own process (collectives reduce in rank
 order, identically on every rank), and the time a rank holds the turn outside collectives
 (their reductions included) is its own compute, uncontended
-(``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is both the engine's
-:class:`gs_horovod.gs_sgd.Collectives` (``allreduce`` averages; torch or TensorFlow arrays) and
-the baselines' :class:`gs_horovod.baselines.comm.Comm` (torch tensors).
+(``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is
+:class:`gs_horovod.collectives.Collectives` for the engine (``allreduce`` averages; torch or
+TensorFlow arrays) and the baselines (torch tensors) alike.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -167,7 +167,7 @@ class SimulatedComm:
         self.traffic.add("allreduce", t.numel() * t.element_size())
         return self._resume(back(self._sum(self._all(t, name))))
 
-    def alltoall(self, x: Any, splits: Any, name: str) -> tuple[Any, Any]:
+    def alltoall(self, x: Any, splits: Any, name: str, kind: str = "alltoall") -> tuple[Any, Any]:
         """Rank r's part of every rank's x, by each rank's ``splits`` (P,); returns (the parts sent
         here in rank order, their sizes (P,) int32). Counted with the bytes the busiest rank
         really sent and received (a rank's part to itself stays off the wire)."""
@@ -179,20 +179,11 @@ class SimulatedComm:
         table = torch.stack([s for _, s in deposited])  # [sender, receiver]: elements
         own = table.diagonal()
         load = (table.sum(1) - own + table.sum(0) - own) * t.element_size()
-        self.traffic.add("alltoall", t.numel() * t.element_size(), wire=float(load.max()))
+        self.traffic.add(kind, t.numel() * t.element_size(), wire=float(load.max()))
         starts = table.cumsum(1) - table
         mine = [part[int(starts[r, self.rank]):int(starts[r, self.rank] + table[r, self.rank])]
                 for r, (part, _) in enumerate(deposited)]
         return self._resume((back(torch.cat(mine)), back(table[:, self.rank].to(torch.int32))))
-
-    def pairwise(self, x: torch.Tensor, partner: int, name: str) -> torch.Tensor:
-        self.traffic.add("pairwise", x.numel() * x.element_size())
-        return self._resume(self._all(x, name)[partner])
-
-    def gather(self, x: torch.Tensor, name: str) -> Optional[torch.Tensor]:
-        self.traffic.add("gather", x.numel() * x.element_size())
-        parts = self._all(x, name)
-        return self._resume(torch.stack(parts) if self.rank == 0 else None)
 
     def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
         self.traffic.add("broadcast", x.numel() * x.element_size())

@@ -26,7 +26,6 @@ from typing import Any, Callable
 from ..gs_sgd import collectives_of
 from ..state import CommStats
 from ..wire import Collective, Traffic, total_wire_bytes
-from .comm import Comm, HorovodComm
 from .exchange import Exchange, ExchangeOptimizer
 from .methods import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 
@@ -34,7 +33,7 @@ METHODS: dict[str, type[Exchange]] = {"topk": TopKAllgather, "gtopk": GTopK, "sk
                                       "powersgd": PowerSGD}
 ALL_METHODS = ("gs", "none", "fp16", *METHODS)
 
-__all__ = ["ALL_METHODS", "METHODS", "Comm", "Exchange", "ExchangeOptimizer", "GTopK", "HorovodComm", "Meter",
+__all__ = ["ALL_METHODS", "METHODS", "Exchange", "ExchangeOptimizer", "GTopK", "Meter",
            "PowerSGD", "SketchedSGD", "TopKAllgather", "distributed_optimizer"]
 
 
@@ -84,6 +83,8 @@ def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ra
     takes none)."""
     import horovod.torch as hvd
 
+    from ..compressor import HorovodCollectives
+    from ..kernels.torch_ops import TorchOps
     from ..torch import GsSketch
 
     named = list(named_parameters)
@@ -92,7 +93,7 @@ def distributed_optimizer(method: str, optimizer: Any, named_parameters: Any, ra
         if method == "powersgd" and ratio is not None:
             raise ValueError(f"PowerSGD takes no ratio (its rank sets the size), got ratio={ratio}")
         exchange = METHODS[method](**ratio_arg, **options)
-        comm = HorovodComm()
+        comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
         return ExchangeOptimizer(optimizer, named, exchange, comm), Meter.of_traffic(comm.traffic)
     if method == "gs":
         gs = GsSketch(**ratio_arg, **options)

@@ -8,10 +8,10 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..collectives import Collectives
 from ..gs_sgd import SCOPES, count_for
 from ..kernels import torch_ops
 from ..wire import Collective
-from .comm import Comm
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Exchange:
         """Indices (count,) int64 ascending of the count largest |x| (the project's kernel)."""
         return torch_ops.top_abs(self.backend, x, count)
 
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Comm) -> list[torch.Tensor]:
+    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Collectives) -> list[torch.Tensor]:
         big = [(n, g) for n, g in named if g.numel() >= self.min_size]
         small = [(n, g) for n, g in named if g.numel() < self.min_size]
         self.shapes = {n: tuple(g.shape) for n, g in big}
@@ -92,7 +92,7 @@ class Exchange:
         return [out[n].view_as(g).to(g.dtype) for n, g in named]
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
-                  comm: Comm) -> Any:
+                  comm: Collectives) -> Any:
         raise NotImplementedError
 
     def planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
@@ -114,7 +114,7 @@ class ExchangeOptimizer:
     with the backward pass (Horovod's DistributedOptimizer overlaps; these baselines do not)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]],
-                 exchange: Exchange, comm: Comm) -> None:
+                 exchange: Exchange, comm: Collectives) -> None:
         self._optimizer = optimizer
         self._named = sorted(named_parameters, key=lambda t: t[0])
         self.exchange, self.comm = exchange, comm

@@ -1,6 +1,6 @@
 """The baseline exchanges, each as its authors describe it (see the package docstring), on
 the error-fed vector a (D,) f32 of :class:`~gs_horovod.baselines.exchange.Exchange`, through a
-:class:`~gs_horovod.baselines.comm.Comm`. Sums over ranks are divided by P: updates are means."""
+:class:`~gs_horovod.collectives.Collectives`. Sums over ranks are divided by P: updates are means."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import math
 
 import torch
 
+from ..collectives import Collectives, gather, pairwise
 from ..kernels import torch_ops
 from ..kernels.hashing import hash_keys
 from ..wire import Collective
-from .comm import Comm
 from .exchange import Exchange, Span
 
 
@@ -33,7 +33,7 @@ class TopKAllgather(Exchange):
     (up to P·k coordinates). Payload 8k per span; ring allgather: 2(P−1)·8k through a rank."""
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
-                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+                  comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.cat([self.top_abs(a[s.start:s.start + s.size], s.k) + s.start for s in spans])
         vals = a[idx]
         all_idx = comm.allgather(idx.to(torch.int32), "topk.idx").reshape(-1).long()
@@ -55,7 +55,7 @@ class GTopK(Exchange):
     Payload 8k per span per round."""
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
-                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+                  comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         P = comm.size
         _power_of_two(P, "gTop-k")
         sets = []
@@ -67,7 +67,7 @@ class GTopK(Exchange):
         while mask < P:
             idx = torch.cat([i for i, _ in sets]).to(torch.int32)
             vals = torch.cat([v for _, v in sets])
-            theirs = comm.pairwise(torch.cat([idx, vals.view(torch.int32)]), comm.rank ^ mask, f"gtopk.{mask}")
+            theirs = pairwise(comm, torch.cat([idx, vals.view(torch.int32)]), comm.rank ^ mask, f"gtopk.{mask}")
             their_idx, their_vals = theirs[:len(idx)].long(), theirs[len(idx):].view(torch.float32)
             merged, start = [], 0
             for (i, v), s in zip(sets, spans):
@@ -113,13 +113,13 @@ class SketchedSGD(Exchange):
         return min(s.size, self.p2 * s.k)
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
-                  comm: Comm) -> tuple[torch.Tensor, torch.Tensor]:
+                  comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         tables = []
         for s in spans:
             table = torch.zeros(self.rows, self.cols(s))
             torch_ops.accumulate(self.backend, table, a[s.start:s.start + s.size], self.keys, 0)
             tables.append(table.reshape(-1))
-        gathered = comm.gather(torch.cat(tables), "sketched.tables")
+        gathered = gather(comm, torch.cat(tables), "sketched.tables")
         counts = [self.candidates(s) for s in spans]
         if gathered is not None:
             merged, cands, start = gathered.sum(0), [], 0
@@ -169,7 +169,7 @@ class PowerSGD(Exchange):
         return n, math.prod(shape) // max(1, n)
 
     def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
-                  comm: Comm) -> None:
+                  comm: Collectives) -> None:
         P = comm.size
         mats, flat, start = [], [], 0
         for name in names:
@@ -198,7 +198,7 @@ class PowerSGD(Exchange):
                 a[s:s + n * m] -= (p @ q_local.T).reshape(-1)  # this rank's part of the update
 
     @staticmethod
-    def _mean(mats: list[torch.Tensor], comm: Comm, name: str) -> list[torch.Tensor]:
+    def _mean(mats: list[torch.Tensor], comm: Collectives, name: str) -> list[torch.Tensor]:
         mean = comm.allreduce_sum(torch.cat([x.reshape(-1) for x in mats]), name) / comm.size
         return [u.view_as(x) for u, x in zip(torch.split(mean, [x.numel() for x in mats]), mats)]
 

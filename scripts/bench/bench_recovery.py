@@ -1,9 +1,10 @@
 """How much of the exact top-k's mass each method delivers, and at what bytes: the library's
 gs-SGD engine and baselines on P ranks simulated in one process, over real training steps.
 
-    python scripts/bench/bench_recovery.py --quick                        # P = 16, digits MLP, ratio 0.01, 20 steps
+    python scripts/bench/bench_recovery.py --quick                        # P = 16, 1.28M MLP, ratio 0.001, 20 steps
     python scripts/bench/bench_recovery.py --run a --ranks 16 --out R.jsonl    # one part of the full study
     python scripts/bench/bench_recovery.py --report R.jsonl --plot docs/recovery.png
+    python scripts/bench/bench_recovery.py --report R.jsonl --markdown T.md    # + the per-exchange table
 
 The study and the choice of the shipped sizes: docs/design.md ("Recovery").
 
@@ -35,8 +36,19 @@ of ``--batch`` images; every method trains its own copy from the same start on t
 micro-batches (SGD lr 0.05, momentum 0.9, on the averaged update); (c) planted heavy-tailed
 vectors, no training (dense, the reference and PowerSGD skipped).
 
-``--quick`` is (a) at P = 16 (``--ranks`` changes it), ratio 0.01, 20 steps, every baseline
-and the 13 gs settings of ``gs_grid("quick")``: 21 methods, about 65 s of CPU on 2 cores.
+gs settings (``--grid``): ``exchanges`` is the defaults (``GsConfig()`` with the ratio:
+exchange "auto", which resolves to the allgather at P ≤ 2 and the sparse exchange above; the
+record's ``exchange_used`` says which), then each exchange forced at the shipped sizes:
+"sparse", "allgather" applying the top k, "allgather" at its own defaults (no exact round, the
+union applied: top-k allgather in the engine) and "sketch" (the paper's Count-Sketch). Under
+"auto" the sketch's sizes (rows, width, sketch dtype) are unused, so the older grids' variations
+of them give identical records unless the exchange is forced to "sketch".
+
+``--quick`` is (b) at P = 16 (``--ranks`` changes it), ratio 0.001 (k = 1,288; (a) would
+have k = 51), 20 steps, every baseline and the 5 gs settings of ``gs_grid("exchanges")``:
+13 methods, about 2 minutes of wall time on 2 shared cores (about 80 s of CPU). It ends with
+``defaults_vs_gtopk P=16 delivered_mass_ratio <x> wire_bytes_ratio <y>``: gs at its defaults
+against gTop-k over all weights ("gtopk-global"), mass and wire bytes per rank per step.
 """
 
 from __future__ import annotations
@@ -77,7 +89,7 @@ def shipped_settings() -> GsConfig:
 
 
 def label(cfg: GsConfig) -> str:
-    """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather]``:
+    """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather|sparse]``:
     ``exact`` / ``noexact`` when the exact round is forced on / off (else the exchange's own),
     the apply rule when given, the exchange when forced (not "auto")."""
     m = {None: f"m{cfg.candidates}", True: f"m{cfg.candidates} exact", False: "noexact"}[cfg.exact]
@@ -344,7 +356,9 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     'pruned' drops f32 except at the shipped point, and prefilter 0 beyond 2 configs; 'small'
     keeps prefilter 1 and f16 but for 3 configs; 'quick' is a neighbourhood of the shipped
     sizes; 'shipped' is them; every level but 'none' ends with the old defaults (layer scope,
-    rows 5, width 4, 1 candidate round, whole residuals, f32); 'sizing' is the study of
+    rows 5, width 4, 1 candidate round, whole residuals, f32) except 'exchanges': the defaults
+    ("auto"), then each exchange forced at the shipped sizes: "sparse", "allgather" applying
+    the top k, "allgather" at its own defaults (top-k allgather) and "sketch"; 'sizing' is the study of
     issue 20: the sketch forced at widths 2–16 and 1, 2 or 4 candidates, the allgather forced
     at pre-filters 1 and 2, each applying the top k or all fetched values."""
     shipped = shipped_settings()
@@ -362,6 +376,13 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
                 yield replace(shipped, exchange="allgather", prefilter=pre, candidates=m, apply=apply)
         for apply in ("topk", "all"):  # "all" without the exact round: top-k allgather in the engine
             yield replace(shipped, exchange="allgather", exact=False, apply=apply)
+    elif level == "exchanges":
+        yield shipped  # "auto": the allgather at P <= 2, the sparse exchange above
+        yield replace(shipped, exchange="sparse")
+        yield replace(shipped, exchange="allgather", apply="topk")
+        yield replace(shipped, exchange="allgather")  # its own defaults: no exact round, the union applied
+        yield replace(shipped, exchange="sketch")  # the paper's Count-Sketch at the shipped sizes
+        return
     elif level == "quick":
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0},
                        {"width": 4.0}, {"candidates": 2}, {"exact": False}, {"prefilter": 2}, {"prefilter": 0},
@@ -406,9 +427,10 @@ def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], ba
     return records
 
 
-def compare(records: list[dict], ranks: int) -> tuple[float, float]:
-    """(gs mass / gTop-k mass, gs wire / gTop-k wire) for the shipped gs at P = ranks."""
-    ref = next(r for r in records if r["P"] == ranks and r["method"] == "gTop-k")
+def compare(records: list[dict], ranks: int, peer: str = "gTop-k (global)") -> tuple[float, float]:
+    """(gs mass / peer mass, gs wire / peer wire) for gs at its defaults (``GsConfig()`` with the
+    ratio: exchange "auto") at P = ranks; the peer is gTop-k over all weights unless named."""
+    ref = next(r for r in records if r["P"] == ranks and r["method"] == peer)
     ship = next(r for r in records if r["P"] == ranks and is_shipped(r))
     return ship["mass"] / ref["mass"], ship["wire"] / ref["wire"]
 
@@ -533,15 +555,68 @@ def mass_figure(groups: dict[tuple, list[dict]], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = None) -> None:
+def method_name(r: dict) -> str:
+    """A record's method for :func:`exchange_markdown`: a baseline's name, or for gs "gs
+    defaults (auto → <exchange used>)" / "gs <exchange>[, apply <rule>]" (plus the scope when
+    it is "layer", and the settings when they are not the shipped sizes)."""
+    if "rows" not in r:
+        return r["method"]
+    used = r.get("exchange_used", "?")
+    text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
+    if r.get("apply"):
+        text += f", apply {r['apply']}"
+    sizes = label(replace(shipped_settings(), exchange=r["exchange"], apply=r.get("apply")))
+    if r.get("label") != sizes:
+        text += f" [{r.get('label')}]"
+    return text + (" (layer)" if r.get("scope") == "layer" else "")
+
+
+def exchange_markdown(records: list[dict]) -> str:
+    """The markdown table of every record, per (task, ratio): P, method, delivered mass,
+    payload and wire bytes per rank per step and mass per wire kB (dense's mass, ≥ 1 by
+    definition, and the reference's bytes, none, are "–")."""
+    order = ["dense", "exact top-k", *(name for name, _, _ in BASELINES.values())]
+    lines = []
+    by_task: dict[tuple, list[dict]] = {}
+    for r in records:
+        by_task.setdefault((r["task"], r["ratio"]), []).append(r)
+    for (task, ratio), rs in sorted(by_task.items()):
+        steps = sorted({r["steps"] for r in rs})
+        lines += [f"### {task}, ratio {ratio} ({'/'.join(map(str, steps))} steps)", "",
+                  "| P | method | delivered mass | payload bytes / step | wire bytes / step | mass per wire kB |",
+                  "|---|---|---|---|---|---|"]
+        gs_order = {e: i for i, e in enumerate(("auto", "sparse", "allgather", "sketch"))}
+
+        def key(r: dict) -> tuple:
+            if "rows" not in r:
+                return (r["P"], 0, order.index(r["method"]) if r["method"] in order else len(order), "")
+            return (r["P"], 1, gs_order.get(r["exchange"], 9), r.get("apply") or "~", r.get("label", ""))
+
+        for r in sorted(rs, key=key):
+            mass = None if r["method"] == "dense" else r["mass"]
+            payload = "–" if r["payload"] is None else f"{r['payload']:,.0f}"
+            wire = "–" if r["wire"] is None else f"{r['wire']:,.0f}"
+            per_kb = "–" if mass is None or not r["wire"] else f"{mass / (r['wire'] / 1e3):.4f}"
+            lines.append(f"| {r['P']} | {method_name(r)} | {'–' if mass is None else f'{mass:.3f}'} "
+                         f"| {payload} | {wire} | {per_kb} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = None,
+           markdown: Optional[str] = None) -> None:
     """:func:`tables` of the records in ``paths`` (a record read again, same task, ratio, P,
-    method and settings, replaces the earlier one), and the plots asked for."""
+    method and settings, replaces the earlier one), the plots asked for, and
+    :func:`exchange_markdown` written to ``markdown``."""
     unique: dict[tuple, dict] = {}
     for line in (line for p in paths for line in open(p) if line.strip()):
         r = json.loads(line)
         unique[(r["task"], r["ratio"], r["P"], r["method"], r.get("label"), r.get("scope"))] = r
     records = list(unique.values())
     groups = tables(records)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(exchange_markdown(records))
     if loss_plot:
         loss_figure(records, loss_plot)
     if plot:
@@ -550,14 +625,15 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="digits MLP, ratio 0.01, around the shipped sizes")
+    p.add_argument("--quick", action="store_true",
+                   help="(b) the 1.28M digits MLP, ratio 0.001, every baseline and exchange (grid 'exchanges')")
     p.add_argument("--run", choices=["a", "b", "c"], help="task: (a) digits MLP, (b) 1.28M MLP, (c) planted")
     p.add_argument("--ranks", help="comma-separated P, powers of two for gTop-k (default 4,16,64,256; "
                                    "with --quick 16)")
     p.add_argument("--ratios", default="0.01,0.001")
     p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
-    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "none"],
+    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "exchanges", "none"],
                    default="full")
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")
     p.add_argument("--planted-d", type=int, default=2 ** 16, help="(c): D")
@@ -565,21 +641,23 @@ def main() -> None:
     p.add_argument("--out", help="append one JSON record per method to this file")
     p.add_argument("--report", nargs="+", help="JSONL files to tabulate")
     p.add_argument("--plot", help="with --report: PNG of mass against bytes")
+    p.add_argument("--markdown", help="with --report: write the per-exchange markdown table here")
     p.add_argument("--loss-plot", help="with --report: PNG of the loss curves of every record read")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     steps = args.steps if args.steps is not None else 20 if args.quick else 40
     if args.report:
-        report(args.report, args.plot, args.loss_plot)
+        report(args.report, args.plot, args.loss_plot, args.markdown)
         return
     if args.quick:
         P = int(args.ranks or 16)
         t0 = time.process_time()
-        records = run(DigitsTask("digits MLP", 256, P, args.batch), 0.01, steps, "quick", args.out, args.baselines)
+        task = DigitsTask("digits MLP 1.28M", 1536, P, args.batch)
+        records = run(task, 0.001, steps, "exchanges", args.out, args.baselines)
         tables(records)
         mass, wire = compare(records, P)
         print(f"\n({time.process_time() - t0:.0f} s of CPU)")
-        print(f"gs_vs_gtopk P={P} delivered_mass_ratio {mass:.3f} bytes_ratio {wire:.3f}")
+        print(f"defaults_vs_gtopk P={P} delivered_mass_ratio {mass:.3f} wire_bytes_ratio {wire:.3f}")
         return
     if not args.run:
         p.error("give --quick, --run or --report")

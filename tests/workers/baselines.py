@@ -9,8 +9,10 @@ import torch
 from rank_result import write_result
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
-from gs_horovod.baselines import METHODS, ExchangeOptimizer, HorovodComm
-from gs_horovod.wire import total_wire_bytes
+from gs_horovod.baselines import METHODS, ExchangeOptimizer
+from gs_horovod.compressor import HorovodCollectives
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.wire import Traffic, total_wire_bytes
 
 # variant: (method, options); "full" runs use ratio 1 (PowerSGD: a rank as large as the matrices)
 VARIANTS = {
@@ -24,7 +26,7 @@ def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tup
     method, options = VARIANTS[variant]
     size = {} if method == "powersgd" else {"ratio": ratio}
     exchange = METHODS[method](**size, **{**options, **extra})
-    comm = HorovodComm()
+    comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
     model = mlp(seed)
     opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
     train(model, opt, x, y, steps=steps)

@@ -1,0 +1,81 @@
+"""The one protocol for every collective that gs-SGD's engine and the baselines issue, and the
+collectives written once on top of it.
+
+Each transport implements :class:`Collectives` once, in one place:
+
+- Horovod (``horovod.torch`` or ``horovod.tensorflow``): :class:`gs_horovod.compressor.HorovodCollectives`;
+- ``merge="mpi"`` (mpi4py beside Horovod): :class:`gs_horovod.compressor.MpiCollectives`;
+- torch.distributed (the DDP hook): :class:`gs_horovod.ddp.DistCollectives`;
+- P ranks in one process: :class:`gs_horovod.simulated.SimulatedComm`.
+
+Every call counts its ``(kind, payload bytes)`` into ``traffic``
+(:class:`gs_horovod.wire.Traffic`, the wire algorithm of :mod:`gs_horovod.wire`), where it is
+sent, once; a transport that runs inside a traced TensorFlow graph has ``traffic = None``
+(its adapter's graph counters count instead).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Protocol
+
+from .array_ops import Array
+from .wire import Traffic
+
+
+class Collectives(Protocol):
+    """Collectives over ``size`` ranks (P) seen from ``rank``; every result is bitwise the same
+    on every rank (``gather``: on rank 0). ``averages``: whether :meth:`allreduce` returns the
+    mean (Horovod's op Average) or the sum (op Sum)."""
+
+    rank: int
+    size: int
+    averages: bool
+    traffic: Optional[Traffic]
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        """x (n,) f32 or f16, averaged or summed over ranks as ``averages`` says."""
+
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        """x (n,) f32 or int32 summed over ranks (int32: exactly), whatever the op."""
+
+    def allgather(self, x: Array, name: str) -> Array:
+        """Every rank's x (n_r,) concatenated in rank order ((P·n,) or (P, n) when every n_r is
+        n), bits untouched; n_r may differ across ranks."""
+
+    def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
+        """Sends x[Σ_{q<r} splits[q] : Σ_{q≤r} splits[q]] (bits untouched) to rank r, for splits
+        (P,) int32 summing to len(x); returns (what every rank sent here, concatenated in rank
+        order; the sizes received from each rank (P,) int32). ``kind``: the wire algorithm it
+        is counted as (:func:`pairwise` and :func:`gather` are alltoalls with one receiver)."""
+
+    def broadcast(self, x: Array, name: str) -> Array:
+        """Rank 0's x (n,) on every rank (the others pass any (n,) of the same dtype)."""
+
+    def same_on_every_rank(self, value: Any, name: str) -> Any:
+        """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
+
+
+def _one_receiver(comm: Collectives, x: Any, dest: int, name: str, kind: str) -> Any:
+    import torch
+
+    splits = torch.tensor([x.numel() if r == dest else 0 for r in range(comm.size)], dtype=torch.int32)
+    return comm.alltoall(x, splits, name, kind=kind)[0]
+
+
+def pairwise(comm: Collectives, x: Any, partner: int, name: str) -> Any:
+    """Swaps the torch tensor x (n,) with ``partner``, which swaps an (n,) back: the partner's
+    x. One alltoall with one non-empty split, counted as one ``pairwise`` exchange."""
+    return _one_receiver(comm, x, partner, name, "pairwise")
+
+
+def gather(comm: Collectives, x: Any, name: str) -> Optional[Any]:
+    """The torch tensor x (n,) of every rank as (P, n) on rank 0, None on the others: one
+    alltoall into rank 0, counted as a ``gather`` (a star)."""
+    got = _one_receiver(comm, x, 0, name, "gather")
+    return got.view(comm.size, -1) if comm.rank == 0 else None
+
+
+def count(traffic: Optional[Traffic], kind: str, x: Any, wire: Optional[float] = None) -> None:
+    """Counts a collective of x's bytes (a torch tensor) into ``traffic`` (None: not counted)."""
+    if traffic is not None:
+        traffic.add(kind, x.numel() * x.element_size(), wire)
