@@ -256,10 +256,13 @@ def test_bench_convergence_simulated(tmp_path: Path) -> None:
 
 
 def test_bench_compute_quick(tmp_path: Path) -> None:
-    """``bench_compute.py --quick`` (D scaled down): every method timed, and the last line is the
-    documented ``gtopk_vs_topk_allgather <ratio>``."""
+    """``bench_compute.py --quick`` (D scaled down): every method timed, and the last two lines
+    are the documented ratios of the rows' medians."""
     out = run_script("bench/bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
     rows = json.loads((tmp_path / "c.json").read_text())
-    assert len(rows) == 6 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
-    name, ratio = out.strip().splitlines()[-1].split()
-    assert name == "gtopk_vs_topk_allgather" and float(ratio) > 0
+    assert len(rows) == 7 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
+    median = {r["method"]: r["median_s"] for r in rows}
+    lines = [line.split() for line in out.strip().splitlines()[-2:]]
+    assert [name for name, _ in lines] == ["defaults_vs_topk_allgather", "gtopk_vs_topk_allgather"]
+    for (_, ratio), method in zip(lines, ("gs-SGD (defaults)", "gTop-k")):
+        assert float(ratio) == pytest.approx(median[method] / median["top-k allgather"], abs=5e-4)

@@ -10,8 +10,10 @@ The busiest rank's time is reported (Sketched-SGD: rank 0, which merges P sketch
 D = 2^24 float32 coordinates as three matrices (4096×2048, 4096×1024, 2048×2048), each rank
 with its own N(0, 1) gradient; every method runs with global scope (one selection over all D),
 with the project's kernels (``top_abs``, the Count-Sketch kernels) and one torch/Numba thread
-per rank. gs-SGD is the engine (``GsSgd``) at GsSketch's defaults. The last line of the output
-is ``gtopk_vs_topk_allgather <ratio>``: gTop-k's compute over top-k allgather's at P = 4, k = D/1000.
+per rank. gs-SGD is the engine (``GsSgd``) at GsSketch's defaults (at P ≥ 3 the sparse
+exchange) and with the paper's sketch. The last two lines of the output are
+``defaults_vs_topk_allgather <ratio>`` and ``gtopk_vs_topk_allgather <ratio>``: GsSketch's
+defaults' and gTop-k's compute over top-k allgather's at P = 4, k = D/1000.
 """
 
 from __future__ import annotations
@@ -33,26 +35,29 @@ NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
 
 
 class GsRank:
-    """One rank's gs-SGD state as the adapters keep it (a flat residual), stepping the real
-    engine (``GsSgd.step``) with the rank's collectives."""
+    """One rank's gs-SGD state as the adapters keep it (a flat residual, the sparse exchange's
+    regions), stepping the real engine (``GsSgd.step``) with the rank's collectives."""
 
-    def __init__(self, ratio: float, shapes: list[tuple[int, ...]], ranks: int) -> None:
-        self.config = GsConfig(ratio=ratio)
+    def __init__(self, ratio: float, shapes: list[tuple[int, ...]], ranks: int, **options: Any) -> None:
+        self.config = GsConfig(ratio=ratio, **options)
         self.ops = TorchOps(self.config.backend)
         sizes = [s[0] * s[1] for s in shapes]
         self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
+        self.regions = None
         self.steps = 0
 
     def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> torch.Tensor:
         out = GsSgd(self.config, self.ops, comm).step(self.layout, [g.reshape(-1) for _, g in named],
-                                                      self.residual, None, self.steps, self.steps == 0)
-        self.residual, self.steps = out.residual, out.steps
+                                                      self.residual, None, self.steps, self.steps == 0,
+                                                      regions=self.regions)
+        self.residual, self.steps, self.regions = out.residual, out.steps, out.regions
         return out.update
 
 
 METHODS: dict[str, Callable[[float, list, int], Any]] = {  # (ratio, shapes, ranks) → one rank's method
     "gs-SGD (defaults)": GsRank,
+    "gs-SGD (exchange=sketch)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sketch"),
     "top-k allgather": lambda r, shapes, P: TopKAllgather(ratio=r),
     "gTop-k": lambda r, shapes, P: GTopK(ratio=r),
     "Sketched-SGD (published sizes)": lambda r, shapes, P: SketchedSGD(ratio=r),
@@ -125,6 +130,7 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     if (4, 0.001) in {(r["ranks"], r["ratio"]) for r in rows}:
         at = {(r["method"], r["ranks"], r["ratio"]): r["median_s"] for r in rows}
+        print(f"defaults_vs_topk_allgather {at['gs-SGD (defaults)', 4, 0.001] / at['top-k allgather', 4, 0.001]:.3f}")
         print(f"gtopk_vs_topk_allgather {at['gTop-k', 4, 0.001] / at['top-k allgather', 4, 0.001]:.3f}")
 
 

@@ -51,8 +51,8 @@ from gs_horovod.wire import Collective, rounds
 
 Collectives = list[Collective]
 SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
-HEADLINE = ("gs", "gtopk", "gtopk:scope=layer", "topk", "sketched", "powersgd:rank=1", "powersgd:rank=4",
-            "none", "fp16")
+HEADLINE = ("gs", "gs:exchange=sketch", "gtopk", "gtopk:scope=layer", "topk", "sketched", "powersgd:rank=1",
+            "powersgd:rank=4", "none", "fp16")
 
 
 def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float) -> float:
@@ -283,6 +283,8 @@ def kernel_passes(method: str, options: dict[str, Any]) -> float:
         return 0.0
     if method == "fp16":
         return 2.0
+    if method == "gs" and gs_config(options, None)[0].exchange != "sketch":
+        return 3 + 4 + 2  # the exact exchanges: a pre-filter, no sketch (P ≥ 3: "auto" is the sparse exchange)
     if method in ("gs", "sketched"):  # Sketched-SGD's root does the same query
         rows = gs_config(options, None)[0].rows if method == "gs" else exchange(method, options, None).rows
         return 3 + 4 * rows + 2 * rows + 4 + 2
