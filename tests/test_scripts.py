@@ -223,21 +223,28 @@ def test_bench_convergence_quick(tmp_path: Path) -> None:
     assert "at equal wire bytes" in out and (tmp_path / "convergence_mlp.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("compression", ["gs", "topk"])
-def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compression: str) -> None:
-    """``train_torch.py --simulated-ranks 2`` (two ranks in one process) against the same run
-    under ``horovodrun -np 2``: the same held-out accuracy, loss and bytes per step."""
+@pytest.mark.parametrize(("compression", "ranks"), [("gs", 2), ("topk", 2), ("gs", 3)],
+                         ids=["gs-allgather-2", "topk-2", "gs-sparse-3"])
+def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compression: str, ranks: int) -> None:
+    """``train_torch.py --simulated-ranks P`` (P ranks in one process) against the same run
+    under ``horovodrun -np P`` (GsSketch's defaults: the allgather at 2, the sparse exchange at
+    3): the same held-out accuracy, loss and payload bytes per step; the same wire bytes where
+    they do not depend on where coordinates fall (the simulated alltoall counts the busiest
+    rank's real bytes, Horovod's meter an even split, so those may differ by the imbalance)."""
     args = ["--model", "mlp", "--epochs", "2", "--compression", compression, "--ratio", "0.01"]
     run_script("examples/train_torch.py", *args, "--json", str(tmp_path / "real.json"),
-               launcher=horovodrun_command(2, "gloo"))
-    run_script("examples/train_torch.py", *args, "--simulated-ranks", "2", "--json", str(tmp_path / "sim.json"))
+               launcher=horovodrun_command(ranks, "gloo"))
+    run_script("examples/train_torch.py", *args, "--simulated-ranks", str(ranks), "--json", str(tmp_path / "sim.json"))
     real, sim = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("real", "sim"))
-    assert sim["ranks"] == real["ranks"] == 2
+    assert sim["ranks"] == real["ranks"] == ranks
     for r, s in zip(real["history"], sim["history"], strict=True):
         assert s["accuracy"] == pytest.approx(r["accuracy"], abs=0.01)
         assert s["loss"] == pytest.approx(r["loss"], rel=1e-3)
-        assert (s["bytes_per_step"], s["wire_bytes_per_step"]) == pytest.approx(
-            (r["bytes_per_step"], r["wire_bytes_per_step"]))
+        assert s["bytes_per_step"] == pytest.approx(r["bytes_per_step"])
+        if ranks == 2:
+            assert s["wire_bytes_per_step"] == pytest.approx(r["wire_bytes_per_step"])
+        else:
+            assert r["wire_bytes_per_step"] <= s["wire_bytes_per_step"] <= 2 * r["wire_bytes_per_step"]
 
 
 def test_bench_convergence_simulated(tmp_path: Path) -> None:
