@@ -110,7 +110,7 @@ class GsConfig:
     ratio: fraction of coordinates applied per step, in (0, 1]; default 0.01 unless ``k`` is given.
     k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
     rows: sketch rows r (odd gives a clean median).
-    width: sketch columns per row as a multiple of k: cols = ceil(width · k).
+    width: sketch columns per row as a multiple of k, at least 1: cols = ceil(width · k).
     candidates: m; the sketch nominates m·k coordinates and the exact round picks k of them
         (m > 1 needs the exact round).
     apply: "topk" applies the k largest of the m·k exact values fetched (without the exact
@@ -165,7 +165,7 @@ class GsConfig:
             if self.ratio is not None:
                 raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
         _check_number("rows", self.rows, int, 1, MAX_ROWS)
-        _check_number("width", self.width, float, 0.0, float(MAX_COLS), low_open=True)
+        _check_number("width", self.width, float, 1.0, float(MAX_COLS))  # fewer columns than k: no room for k
         _check_number("candidates", self.candidates, int, 1, 1024)
         _check_number("prefilter", self.prefilter, int, 0, 1024)
         _check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)

@@ -65,13 +65,16 @@ class Traffic:
 
     steps: steps finished (``end_step``); payload / wire: cumulative payload bytes handed to
     collectives and :func:`wire_bytes` through this rank's busiest position; last_step: the
-    (kind, n) collectives of the last finished step, in order (the cost model's input)."""
+    (kind, n) collectives of the last finished step, in order (the cost model's input);
+    worst_over_even: the largest ratio of a collective's measured wire bytes to what an even
+    split would put through a rank (an alltoall's worst region against the mean; 1 if none)."""
 
     ranks: int
     steps: int = 0
     payload: float = 0.0
     wire: float = 0.0
     last_step: list[Collective] = field(default_factory=list)
+    worst_over_even: float = 1.0
     _current: list[Collective] = field(default_factory=list)
 
     def add(self, kind: str, nbytes: float, wire: Optional[float] = None) -> None:
@@ -80,7 +83,10 @@ class Traffic:
         :func:`wire_bytes`."""
         self._current.append((kind, float(nbytes)))
         self.payload += nbytes
-        self.wire += wire_bytes(kind, nbytes, self.ranks) if wire is None else wire
+        even = wire_bytes(kind, nbytes, self.ranks)
+        if wire is not None and even > 0:
+            self.worst_over_even = max(self.worst_over_even, wire / even)
+        self.wire += even if wire is None else wire
 
     def end_step(self) -> None:
         self.last_step, self._current = self._current, []

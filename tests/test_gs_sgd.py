@@ -346,6 +346,7 @@ def test_sizes_and_bytes_follow_the_options():
         ({"k": 2.5}, TypeError, "k must be an int"),
         ({"rows": 0}, ValueError, "rows must be in"),
         ({"width": 0}, ValueError, "width must be in"),
+        ({"width": 0.5}, ValueError, r"width must be in \[1.0, "),
         ({"candidates": 0}, ValueError, "candidates must be in"),
         ({"candidates": 2, "exact": False}, ValueError, "candidates=2 needs the exact round"),
         ({"prefilter": -1}, ValueError, "prefilter must be in"),

@@ -50,6 +50,7 @@ METHODS = {
     "fp16": ("fp16", []),
     "gs": ("gs", []),
     "gs layer": ("gs", ["--gs", "scope=layer"]),
+    "gs sketch": ("gs", ["--gs", "exchange=sketch"]),  # the paper's sketch (the defaults: "auto")
     "topk": ("topk", []),
     "topk layer": ("topk", ["--opt", "scope=layer"]),
     "gtopk": ("gtopk", []),
