@@ -102,6 +102,14 @@ class ArrayOps(Protocol):
         """(first, size) of each run of the ascending x (n,) int64 within [starts[g],
         starts[g+1]) (the last run: from starts[-1] on); ints or scalar tensors."""
 
+    def owner_of(self, idx: Array, ranks: int, keys: np.ndarray) -> Array:
+        """(n,) int64 in [0, ranks): the rank that owns each coordinate of idx (n,) int64, a hash
+        of the index (the sketch's, one row of ``ranks`` columns): the same on every rank and
+        device, evenly spread whatever the layers' sizes and strides."""
+
+    def stable_order(self, x: Array) -> Array:
+        """(n,) int64: the permutation that sorts x (n,) int64 ascending, equal values in place."""
+
     def bucket(self, x: Array, edges: Array) -> Array:
         """(n,) int64: for each x the b with edges[b] <= x < edges[b + 1], for edges (B + 1,)
         int64 ascending (clamped to [0, B - 1])."""

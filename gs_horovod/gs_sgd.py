@@ -26,15 +26,14 @@ m·k ≤ L·k):
 - ``exchange="allgather"``: one allgather of every rank's (F_t, a_t[F_t]) (8 bytes a
   coordinate, 16(P−1)·L·k bytes through a rank). Its own defaults are no exact round and the
   whole union applied: top-k allgather.
-- ``exchange="sparse"`` (Ok-Topk / SparDL style; :meth:`GsSgd._sparse`): the index space is cut
-  into P contiguous regions, one per rank; one alltoall sends each pair to its region's owner,
-  which adds what it receives in rank order; two allreduces of 256-bin histograms of |s| per
-  group (8 + 8 bits of the float's order key) agree on a threshold everywhere; each owner
-  allgathers its coordinates above it plus the best of its boundary bin, and every rank keeps
-  exactly the top-(m·k) (ties: lower index). About 32(P−1)/P·L·k bytes through a rank plus 2 KB
-  of histograms a group: flat in P, and the same selection as the allgather's. Regions follow
-  the previous step's selection (its P-quantiles), so each owner gets about as much; they move
-  no bit of the update, only the load.
+- ``exchange="sparse"`` (Ok-Topk / SparDL style; :meth:`GsSgd._sparse`): every coordinate has
+  an owner rank, a hash of its index (so hot layers spread over every owner); one alltoall
+  sends each pair to its owner, which adds what it receives in rank order; two allreduces of
+  256-bin histograms of |s| per group (8 + 8 bits of the float's order key) agree on a
+  threshold everywhere; each owner allgathers its coordinates above it plus the best of its
+  boundary bin, and every rank keeps exactly the top-(m·k) (ties: lower index). About
+  32(P−1)/P·L·k bytes through a rank plus 2 KB of histograms a group: flat in P, and the same
+  selection as the allgather's, bit for bit.
 
 ``exchange="auto"`` takes whichever of the allgather and the sparse exchange puts fewer wire
 bytes through a rank at this P (:meth:`Layout.build`; ties: the allgather, which applies the
@@ -377,10 +376,9 @@ def _starts(sizes: tuple[int, ...]) -> list[int]:
 class StepResult:
     """What one step returns: ``update`` (D + dense,) f32, every tensor's update in
     ``layout.all_names`` order at ``layout.all_offsets``; the state to store: ``residual`` (D,)
-    f32, ``momentum`` (D,) f32 (None when m = 0), ``steps`` and ``regions`` (P + 1,) int64, the
-    sparse exchange's region edges for the next step (None under the other exchanges);
-    ``applied``, a predicate, false when ``nonfinite="skip"`` dropped the step; ``gathered``:
-    the (index, value) pairs this rank put into the sparse exchange's allgather (0 otherwise).
+    f32, ``momentum`` (D,) f32 (None when m = 0) and ``steps``; ``applied``, a predicate, false
+    when ``nonfinite="skip"`` dropped the step; ``gathered``: the (index, value) pairs this rank
+    put into the sparse exchange's allgather (0 otherwise).
     Under TensorFlow every tensor here carries a control dependency on the step's checks
     (options, NaN/Inf, selections)."""
 
@@ -389,14 +387,7 @@ class StepResult:
     momentum: Optional[Array]
     steps: Any
     applied: Any
-    regions: Optional[Array] = None
     gathered: Any = 0
-
-
-def even_regions(total: int, ranks: int) -> np.ndarray:
-    """(P + 1,) int64 edges cutting [0, total) into P contiguous regions of (nearly) equal size:
-    the sparse exchange's regions before any selection is known."""
-    return np.array([r * total // ranks for r in range(ranks + 1)], dtype=np.int64)
 
 
 class GsSgd:
@@ -408,14 +399,13 @@ class GsSgd:
         self.keys = hash_keys(config.seed)
 
     def step(self, layout: Layout, grads: list[Array], residual: Array, momentum: Optional[Array], steps: Any,
-             check_options: Any, dense: list[Array] = (), regions: Optional[Array] = None) -> StepResult:
+             check_options: Any, dense: list[Array] = ()) -> StepResult:
         """One step of every tensor of ``layout``: ``grads`` (d_i,) f32 of the compressed tensors
         in its order, their ``residual`` e (D,) f32 and ``momentum`` (D,) f32 (None when m = 0),
         and ``dense`` (d_j,) f32, the tensors sent exactly. ``steps``: steps done so far (int or
         scalar tensor); ``check_options``: a predicate, true at an optimizer's first step, to
-        compare the options' digest across ranks first; ``regions``: the sparse exchange's
-        (P + 1,) int64 edges from the last step (None: :func:`even_regions`). a = e + u is the one
-        (D,) buffer the step writes: it becomes the new residual in place."""
+        compare the options' digest across ranks first. a = e + u is the one (D,) buffer the
+        step writes: it becomes the new residual in place."""
         cfg, ops = self.config, self.ops
         checks = [ops.when(check_options, self._check_options)]
         a = u = None
@@ -426,20 +416,17 @@ class GsSgd:
             else:
                 a = ops.add_parts(residual, grads)
         exact_part = ops.concat(list(dense)) if layout.dense_names else None
-        if layout.exchange == "sparse" and regions is None:
-            regions = ops.from_numpy(even_regions(layout.total, layout.ranks))
-        # no momentum / regions travel as () through ops.cond / ops.after (TF's nest has no None leaves)
-        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks,
-                 () if regions is None else regions)
+        # no momentum travels as () through ops.cond / ops.after (TF's nest has no None leaves)
+        state = (layout, a, u, exact_part, residual, () if momentum is None else momentum, steps, checks)
         if not layout.groups:
             out = self._dense(*state)
         elif cfg.warmup_steps:
             out = ops.cond(steps < cfg.warmup_steps, lambda: self._dense(*state), lambda: self._sketched(*state))
         else:
             out = self._sketched(*state)
-        update, residual, momentum, steps, applied, regions, gathered = out
+        update, residual, momentum, steps, applied, gathered = out
         return StepResult(update, residual, None if isinstance(momentum, tuple) else momentum, steps, applied,
-                          None if isinstance(regions, tuple) else regions, gathered)
+                          gathered)
 
     def _check_options(self) -> Any:
         same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
@@ -448,7 +435,7 @@ class GsSgd:
             f"this rank has {self.config} with hash version {HASH_VERSION}"])
 
     def _dense(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
-               steps: Any, checks: list[Any], regions: Any) -> tuple:
+               steps: Any, checks: list[Any]) -> tuple:
         """Warm-up (and steps with nothing to sketch): everything averaged as it is; residual
         and momentum restart at zero."""
         ops = self.ops
@@ -458,17 +445,17 @@ class GsSgd:
         checks = [*checks, self._fail_unless_finite(layout, finite, a, dense, steps)]
         new_momentum = ops.zeros((layout.total,), full) if self.config.momentum else ()
         return self._finish(layout, finite, mean, ops.zeros((layout.total,), full), new_momentum, residual, momentum,
-                            steps, checks, regions, regions, ops.count_of(0))
+                            steps, checks, ops.count_of(0))
 
     def _sketched(self, layout: Layout, a: Array, u: Array, dense: Array, residual: Array, momentum: Array,
-                  steps: Any, checks: list[Any], regions: Any) -> tuple:
+                  steps: Any, checks: list[Any]) -> tuple:
         cfg, ops = self.config, self.ops
         pairs = layout.exchange in EXACT_EXCHANGES
         fed = [ops.top_abs(ops.slice(a, g.start, g.size), g.fed) + g.start for g in layout.groups] \
             if cfg.prefilter or pairs else []
-        new_regions, gathered = regions, ops.count_of(0)
+        gathered = ops.count_of(0)
         if layout.exchange == "sparse":
-            picks, finite, new_regions, gathered = self._sparse(layout, a, fed, regions)
+            picks, finite, gathered = self._sparse(layout, a, fed)
         elif layout.exchange == "allgather":
             picks, finite = self._gather(layout, a, fed)
         else:
@@ -511,7 +498,7 @@ class GsSgd:
         new_residual = ops.scatter_sub(a, sel, sent)
         update = ops.scatter(layout.total, sel, values, a, dense_mean)
         return self._finish(layout, finite, update, new_residual, new_momentum, residual, momentum, steps, checks,
-                            new_regions, regions, gathered)
+                            gathered)
 
     def _sketch(self, layout: Layout, a: Array, fed: list[Array]) -> tuple[list[tuple[Array, Array]], Any]:
         """Each group's candidates (idx (m·k,) ascending, estimates (m·k,) f32) from the merged
@@ -564,28 +551,30 @@ class GsSgd:
         union, sums = self.ops.union_sum(idx, vals, counts)
         return union, sums / self.comm.size if self.comm.averages else sums
 
-    def _sparse(self, layout: Layout, a: Array, fed: list[Array], regions: Array) -> tuple:
-        """The sparse exchange: (picks as :meth:`_gather`'s, top-(m·k) of the union's sums per
-        group, on every rank alike; whether they are finite; the next step's region edges (P + 1,)
-        int64, the P-quantiles of this selection; the pairs this rank allgathered).
+    def _sparse(self, layout: Layout, a: Array, fed: list[Array]) -> tuple:
+        """The sparse exchange: (picks as :meth:`_gather`'s, the top-(m·k) of the union's sums
+        per group, on every rank alike; whether they are finite; the pairs this rank allgathered).
 
-        1. alltoall: rank r sends its pairs (F_r ascending, a_r[F_r]) to the owners of their
-           regions; owner q adds the pairs of [regions[q], regions[q+1]) in rank order.
+        1. alltoall: coordinate i belongs to rank owner(i), a hash of i (:meth:`ArrayOps.owner_of`:
+           spread evenly whatever the layers' sizes and strides); rank r sends each of its pairs
+           (F_r, a_r[F_r]) to its owner, which adds what it receives in rank order.
         2. threshold: per group, the owners' histograms of the order key of |s| (NaN highest:
            :meth:`ArrayOps.abs_key`), 8 high bits, then 8 more bits within the bin that holds the
            (m·k)-th largest, each summed by one allreduce, give the 16-bit key prefix t of the
            (m·k)-th largest, how many lie above it, and so how many ``ties`` of prefix t to take.
         3. allgather: each owner sends its pairs above t and its best ``ties`` of prefix t (by
-           key, then lower index); every rank keeps the above ones and the best ``ties`` of all
-           gathered prefix-t pairs: the same m·k coordinates everywhere. A pair above t lies in
-           every rank's selection, so NaN/Inf anywhere in the sums reaches every rank.
+           key, then lower index); every rank sorts what it gathers by index and keeps the above
+           ones and the best ``ties`` of all prefix-t pairs: the same m·k coordinates everywhere.
+           A pair above t lies in every rank's selection, so NaN/Inf anywhere in the sums reaches
+           every rank.
         Nothing here depends on which rank owns what: the sums are the allgather's, bit for bit.
         """
         ops, comm = self.ops, self.comm
         mine = ops.concat(fed)
-        owner = ops.bucket(mine, regions)
+        owner = ops.owner_of(mine, comm.size, self.keys)
+        routed = ops.take(mine, ops.stable_order(owner))  # by owner; ascending within each
         splits = ops.count(owner, comm.size) * 2  # two floats a pair
-        received, got = comm.alltoall(ops.pairs(mine, ops.take(a, mine)), splits, "gs_horovod.sparse")
+        received, got = comm.alltoall(ops.pairs(routed, ops.take(a, routed)), splits, "gs_horovod.sparse")
         idx, vals = ops.unpairs(received)
         union, sums = self._union_sum(idx, vals, got // 2)
         starts = ops.from_numpy(np.array([g.start for g in layout.groups] + [layout.total], np.int64))
@@ -604,8 +593,11 @@ class GsSgd:
         prefix, ties = cut_high * RADIX_BINS + cut_low, wanted - above - above_low
         keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
         chosen = ops.take(union, keep)
-        out_idx, out_vals = ops.unpairs(ops.reshape(
-            comm.allgather(ops.pairs(chosen, ops.take(sums, keep)), "gs_horovod.sparse.selected"), (-1,)))
+        gathered = ops.reshape(comm.allgather(ops.pairs(chosen, ops.take(sums, keep)), "gs_horovod.sparse.selected"),
+                               (-1,))
+        out_idx, out_vals = ops.unpairs(gathered)
+        ascending = ops.stable_order(out_idx)
+        out_idx, out_vals = ops.take(out_idx, ascending), ops.take(out_vals, ascending)
         out_key, out_group = ops.abs_key(out_vals), ops.bucket(out_idx, starts)
         keep = ops.keep_top(ops.key_bits(out_key, 15, 16), out_key, out_group, prefix, ties)
         sel, est = ops.take(out_idx, keep), ops.take(out_vals, keep)
@@ -613,24 +605,19 @@ class GsSgd:
         for grp in layout.groups:
             picks.append((ops.slice(sel, first, grp.candidates), ops.slice(est, first, grp.candidates)))
             first += grp.candidates
-        quantiles = [first * r // comm.size for r in range(1, comm.size)]
-        new_regions = ops.concat([ops.from_numpy(np.zeros(1, np.int64)),
-                                  ops.take(sel, ops.from_numpy(np.array(quantiles, np.int64))),
-                                  ops.from_numpy(np.full(1, layout.total, np.int64))])
-        return picks, ops.all_finite(est), new_regions, ops.count_of(ops.size_of(chosen))
+        return picks, ops.all_finite(est), ops.count_of(ops.size_of(chosen))
 
     def _finish(self, layout: Layout, finite: Any, update: Array, new_residual: Array, new_momentum: Any,
-                residual: Array, momentum: Any, steps: Any, checks: list[Any], new_regions: Any, regions: Any,
-                gathered: Any) -> tuple:
-        """(update, residual, momentum, steps, applied, regions, gathered), all after
+                residual: Array, momentum: Any, steps: Any, checks: list[Any], gathered: Any) -> tuple:
+        """(update, residual, momentum, steps, applied, gathered), all after
         ``checks``; under nonfinite="skip" a non-finite step keeps the old state and returns a
         zero update (on every rank alike: the merged payloads are the same everywhere)."""
         ops = self.ops
-        applied = (update, new_residual, new_momentum, steps + 1, finite, new_regions, gathered)
+        applied = (update, new_residual, new_momentum, steps + 1, finite, gathered)
         if self.config.nonfinite == "skip":
             zeros = ops.zeros((layout.total + sum(layout.dense_sizes),), update)
             applied = ops.cond(finite, lambda: applied,
-                               lambda: (zeros, residual, momentum, steps, finite, regions, gathered))
+                               lambda: (zeros, residual, momentum, steps, finite, gathered))
         return ops.after(checks, applied)
 
     def _fail_unless_finite(self, layout: Layout, finite: Any, a: Array, dense: Array, steps: Any) -> Any:

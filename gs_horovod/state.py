@@ -74,9 +74,6 @@ class GsState:
       copies, no concatenation.
     - ``momentum``: u, (D,) f32 laid out alike, or None when ``config.momentum`` is 0.
     - ``steps``: steps applied (warm-up runs while ``steps < config.warmup_steps``).
-    - ``regions``: the sparse exchange's (P + 1,) int64 region edges for the next step (None:
-      even, as after a new layout). They balance the owners' load and change no bit of an
-      update, so checkpoints leave them out.
     - ``checked``: whether the options were compared across ranks (at the first step).
     - ``grads`` / ``update``: this step's recorded gradients (d,) f32 by name, and its flat
       update (D + dense,) f32 with each tensor's view by name (``updates``), handed out once.
@@ -91,7 +88,6 @@ class GsState:
         self.residual: Any = None
         self.momentum: Any = None
         self.steps = 0
-        self.regions: Any = None
         self.checked = False
         self.grads: dict[str, Array] = {}
         self.updates: Optional[dict[str, Array]] = None
@@ -125,12 +121,11 @@ class GsState:
         layout = self.layout
         warm = self.steps < config.warmup_steps
         result = self.engine.step(layout, [grads[n] for n in layout.names], self.residual, self.momentum,
-                                  self.steps, not self.checked, [grads[n] for n in layout.dense_names], self.regions)
+                                  self.steps, not self.checked, [grads[n] for n in layout.dense_names])
         self.checked = True
         self.stats.add(layout, config, warm or not layout.groups, bool(result.applied), result.gathered)
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
-            self.regions = result.regions
         ops = self.ops
         return {n: ops.slice(result.update, o, d)
                 for n, o, d in zip(layout.all_names, layout.all_offsets, layout.all_sizes)}
@@ -170,7 +165,6 @@ class GsState:
         every tensor kept from the previous layout or restored (zeros for the others)."""
         if layout == self.layout:
             return
-        self.regions = None
         old = {**self._current(), **self.pending_tensors()}
         ops = self.ops
         residuals, momenta = [], []

@@ -31,29 +31,20 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
 from .compressor import DefaultInstanceMethod, DefaultInstanceProperty, GsSketchBase
-from .gs_sgd import GsSgd, Layout, Payload, even_regions
+from .gs_sgd import GsSgd, Layout, Payload
 from .kernels.tf_ops import TfOps
 from .mpi import MergeStats
 from .state import CommStats, check_restored
 
 
 class _StepState(tf.Module):
-    """Per optimizer: steps applied, options compared, the flat update (D + dense,) f32, and the
-    sparse exchange's region edges (P + 1,) int64 (None under the other exchanges)."""
+    """Per optimizer: steps applied, options compared, the flat update (D + dense,) f32."""
 
-    def __init__(self, total: int, name: str, regions: Optional[np.ndarray]) -> None:
+    def __init__(self, total: int, name: str) -> None:
         super().__init__(name=name)
         self.steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="steps")
         self.checked = tf.Variable(False, trainable=False, name="checked")
         self.update = tf.Variable(tf.zeros([total]), trainable=False, name="update")
-        self.regions = None if regions is None else _Untracked(tf.Variable(regions, trainable=False, name="regions"))
-
-
-class _Untracked:
-    """Holds a variable that tf.Module must not track (not checkpointed: it moves no bit)."""
-
-    def __init__(self, variable: tf.Variable) -> None:
-        self.variable, self.initial = variable, variable.numpy()
 
 
 class _VariableState(tf.Module):
@@ -192,8 +183,6 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 st.momentum.assign(tf.zeros_like(st.momentum))
         for step in self.steps.values():
             step.steps.assign(0)
-            if step.regions is not None:
-                step.regions.variable.assign(step.regions.initial)
             step.checked.assign(False)
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -229,8 +218,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         step = self.steps.get(key)
         if step is None:
             with tf.init_scope():
-                regions = even_regions(layout.total, layout.ranks) if layout.exchange == "sparse" else None
-                step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key, regions)
+                step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key)
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
         warm = step.steps < cfg.warmup_steps  # read before the step assigns it
@@ -238,16 +226,12 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
         residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
         momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-        regions = None if step.regions is None else step.regions.variable
         result = engine.step(layout, [flat[n] for n in layout.names], residual, momentum, step.steps,
-                             tf.logical_not(step.checked), [flat[n] for n in layout.dense_names],
-                             None if regions is None else tf.identity(regions))
+                             tf.logical_not(step.checked), [flat[n] for n in layout.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)
         step.steps.assign(result.steps)
         step.update.assign(result.update)
-        if regions is not None:
-            regions.assign(result.regions)
         if states:
             for s, part in zip(states, tf.split(result.residual, list(layout.sizes))):
                 s.residual.assign(part)

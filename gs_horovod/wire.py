@@ -66,24 +66,27 @@ class Traffic:
     steps: steps finished (``end_step``); payload / wire: cumulative payload bytes handed to
     collectives and :func:`wire_bytes` through this rank's busiest position; last_step: the
     (kind, n) collectives of the last finished step, in order (the cost model's input);
-    worst_over_even: the largest ratio of a collective's measured wire bytes to what an even
-    split would put through a rank (an alltoall's worst region against the mean; 1 if none)."""
+    even_wire: the wire bytes had every collective been split evenly (:func:`wire_bytes`), so
+    ``wire / even_wire`` is what uneven alltoall loads cost; worst_over_even: the largest
+    such ratio of one collective (1 if none was measured)."""
 
     ranks: int
     steps: int = 0
     payload: float = 0.0
     wire: float = 0.0
     last_step: list[Collective] = field(default_factory=list)
+    even_wire: float = 0.0
     worst_over_even: float = 1.0
     _current: list[Collective] = field(default_factory=list)
 
     def add(self, kind: str, nbytes: float, wire: Optional[float] = None) -> None:
         """Counts one collective of ``nbytes`` payload; ``wire``: its measured bytes through the
-        busiest rank when the transport knows them (an alltoall's uneven regions), else
+        busiest rank when the transport knows them (an alltoall's uneven loads), else
         :func:`wire_bytes`."""
         self._current.append((kind, float(nbytes)))
         self.payload += nbytes
         even = wire_bytes(kind, nbytes, self.ranks)
+        self.even_wire += even
         if wire is not None and even > 0:
             self.worst_over_even = max(self.worst_over_even, wire / even)
         self.wire += even if wire is None else wire

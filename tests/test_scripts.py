@@ -25,8 +25,6 @@ from typing import Optional, Sequence
 import pytest
 from conftest import ROOT, horovodrun_command, mpirun_command, rank_env, torchrun_command
 
-from gs_horovod.gs_sgd import GsConfig
-
 SCRIPTS = ROOT / "scripts"
 
 
@@ -145,39 +143,42 @@ def test_bench_sketch_quick(tmp_path: Path) -> None:
 
 
 def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
-    """``bench_recovery.py --quick`` (3 steps instead of 20, P = 4) runs the library's gs engine
-    and every baseline, prints the table and ends with the shipped gs against gTop-k;
-    ``--report`` of its records prints the tables and draws both plots."""
+    """``bench_recovery.py --quick`` (3 steps instead of 20, P = 4) runs the library's engine
+    under every exchange and every baseline, prints the tables and ends with GsSketch's
+    defaults against gTop-k over all weights, the ratios of its own records; ``--report`` of
+    the records prints the tables, writes the Markdown table and draws both plots."""
     records = tmp_path / "recovery.jsonl"
     stdout = run_script("bench/bench_recovery.py", "--quick", "--ranks", "4", "--steps", "3", "--out", str(records))
     last = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"gs_vs_gtopk P=4 delivered_mass_ratio \d+\.\d{3} bytes_ratio \d+\.\d{3}", last), last
+    match = re.fullmatch(r"defaults_vs_gtopk P=4 delivered_mass_ratio (\d+\.\d{3}) wire_bytes_ratio (\d+\.\d{3})", last)
+    assert match, last
     rows = [json.loads(line) for line in records.read_text().splitlines()]
-    by_method = {r["method"]: r for r in rows}
-    methods = {"dense", "exact top-k", "top-k allgather", "top-k allgather (global)", "gTop-k", "gTop-k (global)",
-               "Sketched-SGD", "PowerSGD", "gs global", "gs layer"}
-    assert methods == set(by_method)
-    assert all(f"| {m} " in stdout for m in methods)
+    by_method = {r["method"]: r for r in rows if r["method"] != "gs global"}
+    gs = {(r["exchange"], r["apply"]): r for r in rows if r["method"] == "gs global"}
+    assert set(by_method) == {"dense", "exact top-k", "top-k allgather", "top-k allgather (global)", "gTop-k",
+                              "gTop-k (global)", "Sketched-SGD", "PowerSGD"}
+    assert set(gs) == {("auto", None), ("sparse", None), ("allgather", "topk"), ("allgather", None), ("sketch", None)}
     assert all(r["P"] == 4 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
-    # the digits MLP at hidden 256: 50,432 compressed weights and 394 biases, one ring allreduce
-    assert by_method["dense"]["payload"] == 4 * (50_432 + 394)
-    assert by_method["dense"]["wire"] == 4 * 3 / 4 * by_method["dense"]["payload"]
+    gtopk, defaults = by_method["gTop-k (global)"], gs["auto", None]
+    assert float(match[1]) == pytest.approx(defaults["mass"] / gtopk["mass"], abs=1e-3)
+    assert float(match[2]) == pytest.approx(defaults["wire"] / gtopk["wire"], abs=1e-3)
+    # at P = 4 the defaults are the sparse exchange, which applies what the allgather's top k does
+    assert defaults["exchange_used"] == "sparse"
+    assert defaults["mass"] == gs["sparse", None]["mass"] == pytest.approx(gs["allgather", "topk"]["mass"])
+    assert defaults["wire"] < gs["allgather", "topk"]["wire"]
+    assert by_method["dense"]["wire"] == 4 * 3 / 4 * by_method["dense"]["payload"]  # one ring allreduce
     assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-6 and by_method["exact top-k"]["wire"] is None
     assert all(0 < r["mass"] < math.inf and (r["wire"] is None or r["wire"] > 0) for r in rows)
-    # global gs with an exact round applies exact sums on k coordinates: at most the top k's mass
-    assert all(r["mass"] <= 1 + 1e-6 for r in rows if r.get("scope") == "global" and r.get("exact"))
-    defaults = GsConfig()
-    shipped = [r for r in rows if r["method"] == "gs global"
-               and all(r[f] == getattr(defaults, f) for f in ("rows", "width", "candidates", "prefilter",
-                                                               "sketch_dtype", "exact"))]
-    assert len(shipped) == 1 and shipped[0]["wire"] < by_method["dense"]["wire"] / 10
+    # exact top k of exact sums of the ranks' own top k: at most the top k's mass
+    assert all(r["mass"] <= 1 + 1e-6 for r in gs.values() if r["apply"] == "topk" or r["exchange"] != "allgather")
 
-    plot, loss_plot = tmp_path / "recovery.png", tmp_path / "loss.png"
+    plot, loss_plot, markdown = tmp_path / "recovery.png", tmp_path / "loss.png", tmp_path / "recovery.md"
     report = run_script("bench/bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
-                        str(loss_plot))
-    assert "### digits MLP, ratio 0.01, P = 4" in report and "### Shipped gs global vs gTop-k" in report
-    assert re.search(r"^\| digits MLP \| 0\.01 \| 4 \|", report, re.MULTILINE)
+                        str(loss_plot), "--markdown", str(markdown))
+    assert "### digits MLP 1.28M, ratio 0.001, P = 4" in report
     assert plot.stat().st_size > 0 and loss_plot.stat().st_size > 0
+    table = markdown.read_text()
+    assert "| 4 | gs defaults (auto → sparse) | " in table and "| 4 | gTop-k (global) | " in table
 
 
 @pytest.mark.parametrize("launcher, compression", [("horovodrun", "gs"), ("torchrun", "gs"),

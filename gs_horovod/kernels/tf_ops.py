@@ -208,6 +208,12 @@ class TfOps:
         edges = tf.concat([tf.searchsorted(x, tf.constant(starts, x.dtype)), tf.size(x)[None]], 0)
         return [(edges[g], edges[g + 1] - edges[g]) for g in range(len(starts))]
 
+    def owner_of(self, idx: tf.Tensor, ranks: int, keys: np.ndarray) -> tf.Tensor:
+        return hashes(idx, keys, 1, ranks)[0][0]
+
+    def stable_order(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.cast(tf.argsort(x, stable=True), tf.int64)
+
     def bucket(self, x: tf.Tensor, edges: tf.Tensor) -> tf.Tensor:
         found = tf.searchsorted(edges, x, side="right", out_type=tf.int64) - 1
         return tf.clip_by_value(found, 0, tf.cast(tf.size(edges), tf.int64) - 2)

@@ -387,6 +387,12 @@ class TorchOps:
         edges = torch.searchsorted(x, torch.tensor(starts, dtype=x.dtype, device=x.device)).tolist() + [len(x)]
         return [(first, end - first) for first, end in zip(edges[:-1], edges[1:])]
 
+    def owner_of(self, idx: torch.Tensor, ranks: int, keys: np.ndarray) -> torch.Tensor:
+        return hashes(idx, keys, 1, ranks)[0][0]
+
+    def stable_order(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, stable=True).indices
+
     def bucket(self, x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
         edges = edges.to(x.device)
         return (torch.searchsorted(edges, x, right=True) - 1).clamp_(0, len(edges) - 2)

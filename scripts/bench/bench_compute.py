@@ -35,8 +35,8 @@ NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
 
 
 class GsRank:
-    """One rank's gs-SGD state as the adapters keep it (a flat residual, the sparse exchange's
-    regions), stepping the real engine (``GsSgd.step``) with the rank's collectives."""
+    """One rank's gs-SGD state as the adapters keep it (a flat residual), stepping the real
+    engine (``GsSgd.step``) with the rank's collectives."""
 
     def __init__(self, ratio: float, shapes: list[tuple[int, ...]], ranks: int, **options: Any) -> None:
         self.config = GsConfig(ratio=ratio, **options)
@@ -44,14 +44,12 @@ class GsRank:
         sizes = [s[0] * s[1] for s in shapes]
         self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
-        self.regions = None
         self.steps = 0
 
     def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> torch.Tensor:
         out = GsSgd(self.config, self.ops, comm).step(self.layout, [g.reshape(-1) for _, g in named],
-                                                      self.residual, None, self.steps, self.steps == 0,
-                                                      regions=self.regions)
-        self.residual, self.steps, self.regions = out.residual, out.steps, out.regions
+                                                      self.residual, None, self.steps, self.steps == 0)
+        self.residual, self.steps = out.residual, out.steps
         return out.update
 
 

@@ -76,7 +76,8 @@ SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact",
 MIN_SIZE = GsConfig().min_size
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
-OLD_DEFAULTS = GsConfig(scope="layer", rows=5, width=4.0, candidates=1, prefilter=0, sketch_dtype="float32")
+OLD_DEFAULTS = GsConfig(scope="layer", rows=5, width=4.0, candidates=1, prefilter=0, sketch_dtype="float32",
+                        exchange="sketch")
 
 Tensor = torch.Tensor
 Grads = dict[str, Tensor]  # name → (P, d) f32: every rank's flat gradient
@@ -345,13 +346,13 @@ def simulate(task: Task, method: Method, steps: int, ratio: float) -> dict:
 
 def gs(rows: int, width: float, candidates: int, prefilter: int, dtype: str = "float16",
        scope: str = "global") -> GsConfig:
-    """A grid point; ``candidates`` 0: no exact round (``exact=False``)."""
+    """A grid point of the sketch's sizes; ``candidates`` 0: no exact round (``exact=False``)."""
     return GsConfig(scope=scope, rows=rows, width=width, candidates=max(1, candidates), prefilter=prefilter,
-                    sketch_dtype=dtype, exact=None if candidates > 0 else False)
+                    sketch_dtype=dtype, exact=None if candidates > 0 else False, exchange="sketch")
 
 
 def gs_grid(level: str) -> Iterator[GsConfig]:
-    """gs configurations: 'full' is rows {1,3,5} × width {1,2,4,8} × candidates {0 (no exact
+    """gs configurations (every sketch-size grid forces ``exchange="sketch"``): 'full' is rows {1,3,5} × width {1,2,4,8} × candidates {0 (no exact
     round),1,2,4} × prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset);
     'pruned' drops f32 except at the shipped point, and prefilter 0 beyond 2 configs; 'small'
     keeps prefilter 1 and f16 but for 3 configs; 'quick' is a neighbourhood of the shipped
@@ -387,7 +388,7 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0},
                        {"width": 4.0}, {"candidates": 2}, {"exact": False}, {"prefilter": 2}, {"prefilter": 0},
                        {"sketch_dtype": "float32"}, {"rows": 5, "width": 4.0, "candidates": 2}, {"scope": "layer"}):
-            yield replace(shipped, **change)
+            yield replace(shipped, exchange="sketch", **change)
     else:
         small = level == "small"
         for rows, width, m, pre, dt in product((1, 3, 5), (1.0, 2.0, 4.0, 8.0), (0, 1, 2, 4),
@@ -557,7 +558,8 @@ def mass_figure(groups: dict[tuple, list[dict]], path: str) -> None:
 
 def method_name(r: dict) -> str:
     """A record's method for :func:`exchange_markdown`: a baseline's name, or for gs "gs
-    defaults (auto → <exchange used>)" / "gs <exchange>[, apply <rule>]" (plus the scope when
+    defaults (auto → <exchange used>)" / "gs <exchange>[, apply <rule>]" (the allgather without
+    an apply rule: ", its defaults (top-k allgather)"; plus the scope when
     it is "layer", and the settings when they are not the shipped sizes)."""
     if "rows" not in r:
         return r["method"]
@@ -565,6 +567,8 @@ def method_name(r: dict) -> str:
     text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
     if r.get("apply"):
         text += f", apply {r['apply']}"
+    elif r["exchange"] == "allgather":
+        text += ", its defaults (top-k allgather)"
     sizes = label(replace(shipped_settings(), exchange=r["exchange"], apply=r.get("apply")))
     if r.get("label") != sizes:
         text += f" [{r.get('label')}]"
@@ -576,6 +580,13 @@ def exchange_markdown(records: list[dict]) -> str:
     payload and wire bytes per rank per step and mass per wire kB (dense's mass, ≥ 1 by
     definition, and the reference's bytes, none, are "–")."""
     order = ["dense", "exact top-k", *(name for name, _, _ in BASELINES.values())]
+    gs_order = {e: i for i, e in enumerate(("auto", "sparse", "allgather", "sketch"))}
+
+    def key(r: dict) -> tuple:
+        if "rows" not in r:
+            return (r["P"], 0, order.index(r["method"]) if r["method"] in order else len(order), "", "")
+        return (r["P"], 1, gs_order.get(r["exchange"], 9), r.get("apply") or "~", r.get("label", ""))
+
     lines = []
     by_task: dict[tuple, list[dict]] = {}
     for r in records:
@@ -585,18 +596,11 @@ def exchange_markdown(records: list[dict]) -> str:
         lines += [f"### {task}, ratio {ratio} ({'/'.join(map(str, steps))} steps)", "",
                   "| P | method | delivered mass | payload bytes / step | wire bytes / step | mass per wire kB |",
                   "|---|---|---|---|---|---|"]
-        gs_order = {e: i for i, e in enumerate(("auto", "sparse", "allgather", "sketch"))}
-
-        def key(r: dict) -> tuple:
-            if "rows" not in r:
-                return (r["P"], 0, order.index(r["method"]) if r["method"] in order else len(order), "")
-            return (r["P"], 1, gs_order.get(r["exchange"], 9), r.get("apply") or "~", r.get("label", ""))
-
         for r in sorted(rs, key=key):
             mass = None if r["method"] == "dense" else r["mass"]
             payload = "–" if r["payload"] is None else f"{r['payload']:,.0f}"
             wire = "–" if r["wire"] is None else f"{r['wire']:,.0f}"
-            per_kb = "–" if mass is None or not r["wire"] else f"{mass / (r['wire'] / 1e3):.4f}"
+            per_kb = "–" if mass is None or not r["wire"] else f"{mass / (r['wire'] / 1e3):.3g}"
             lines.append(f"| {r['P']} | {method_name(r)} | {'–' if mass is None else f'{mass:.3f}'} "
                          f"| {payload} | {wire} | {per_kb} |")
         lines.append("")
@@ -616,7 +620,8 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
     groups = tables(records)
     if markdown:
         with open(markdown, "w") as f:
-            f.write(exchange_markdown(records))
+            f.write(f"<!-- generated: python scripts/bench/bench_recovery.py --report {' '.join(paths)} "
+                    f"--markdown {markdown} -->\n\n" + exchange_markdown(records))
     if loss_plot:
         loss_figure(records, loss_plot)
     if plot:
