@@ -352,8 +352,8 @@ def gs(rows: int, width: float, candidates: int, prefilter: int, dtype: str = "f
 
 
 def gs_grid(level: str) -> Iterator[GsConfig]:
-    """gs configurations (every sketch-size grid forces ``exchange="sketch"``): 'full' is rows {1,3,5} × width {1,2,4,8} × candidates {0 (no exact
-    round),1,2,4} × prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset);
+    """gs configurations (every sketch-size grid forces ``exchange="sketch"``): 'full' is rows
+    {1,3,5} × width {1,2,4,8} × candidates {0 (no exact round),1,2,4} × prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset);
     'pruned' drops f32 except at the shipped point, and prefilter 0 beyond 2 configs; 'small'
     keeps prefilter 1 and f16 but for 3 configs; 'quick' is a neighbourhood of the shipped
     sizes; 'shipped' is them; every level but 'none' ends with the old defaults (layer scope,
