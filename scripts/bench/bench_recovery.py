@@ -352,16 +352,17 @@ def gs(rows: int, width: float, candidates: int, prefilter: int, dtype: str = "f
 
 
 def gs_grid(level: str) -> Iterator[GsConfig]:
-    """gs configurations (every sketch-size grid forces ``exchange="sketch"``): 'full' is rows
-    {1,3,5} × width {1,2,4,8} × candidates {0 (no exact round),1,2,4} × prefilter {0,1,2} × dtype {f32,f16} in both scopes (layer: a subset);
-    'pruned' drops f32 except at the shipped point, and prefilter 0 beyond 2 configs; 'small'
-    keeps prefilter 1 and f16 but for 3 configs; 'quick' is a neighbourhood of the shipped
-    sizes; 'shipped' is them; every level but 'none' ends with the old defaults (layer scope,
-    rows 5, width 4, 1 candidate round, whole residuals, f32) except 'exchanges': the defaults
-    ("auto"), then each exchange forced at the shipped sizes: "sparse", "allgather" applying
-    the top k, "allgather" at its own defaults (top-k allgather) and "sketch"; 'sizing' is the study of
-    issue 20: the sketch forced at widths 2–16 and 1, 2 or 4 candidates, the allgather forced
-    at pre-filters 1 and 2, each applying the top k or all fetched values."""
+    """gs configurations. The sketch-size grids force ``exchange="sketch"``: 'full' is rows
+    {1,3,5} × width {1,2,4,8} × candidates {0 (no exact round),1,2,4} × prefilter {0,1,2} ×
+    dtype {f32,f16} in both scopes (layer: a subset); 'pruned' drops f32 except at the shipped
+    point, and prefilter 0 beyond 2 configs; 'small' keeps prefilter 1 and f16 but for 3
+    configs; 'quick' is a neighbourhood of the shipped sizes; each ends with the old defaults
+    (layer scope, rows 5, width 4, 1 candidate round, whole residuals, f32). 'shipped' is
+    GsConfig's defaults; 'exchanges' the defaults ("auto"), then each exchange forced at the
+    shipped sizes: "sparse", "allgather" applying the top k, "allgather" at its own defaults
+    (top-k allgather) and "sketch"; 'sizing' is the study of issue 20: the sketch forced at
+    widths 2–16 and 1, 2 or 4 candidates, the allgather forced at pre-filters 1 and 2, each
+    applying the top k or all fetched values."""
     shipped = shipped_settings()
     if level == "none":
         return
