@@ -28,7 +28,9 @@ and a record's ``mass`` is its mean over the steps: 1 for the reference; dense's
 rank 0's SimulatedComm): ``payload`` handed to collectives and ``wire`` bytes through the
 busiest rank, the small tensors' exact allreduce included (gs sends them in its exact round);
 dense is one ring allreduce of every tensor. SimulatedComm averages a float16 sketch in f32 in
-rank order and rounds the mean to f16 once.
+rank order and rounds the mean to f16 once. Its alltoall counts the bytes the busiest rank
+really sent and received; ``wire_over_even`` is the record's wire bytes over what even loads
+would have put through a rank (``worst_over_even``: the worst single collective's).
 
 Tasks: (a) the MLP 64-256-128-10 (D = 50,432 compressed weights), (b) 64-1536-768-10
 (D = 1,287,168), both on scikit-learn's digits, each rank's gradient from its own micro-batch
@@ -40,9 +42,8 @@ gs settings (``--grid``): ``exchanges`` is the defaults (``GsConfig()`` with the
 exchange "auto", which resolves to the allgather at P ≤ 2 and the sparse exchange above; the
 record's ``exchange_used`` says which), then each exchange forced at the shipped sizes:
 "sparse", "allgather" applying the top k, "allgather" at its own defaults (no exact round, the
-union applied: top-k allgather in the engine) and "sketch" (the paper's Count-Sketch). Under
-"auto" the sketch's sizes (rows, width, sketch dtype) are unused, so the older grids' variations
-of them give identical records unless the exchange is forced to "sketch".
+union applied: top-k allgather in the engine) and "sketch" (the paper's Count-Sketch). The sketch-size grids force
+"sketch".
 
 ``--quick`` is (b) at P = 16 (``--ranks`` changes it), ratio 0.001 (k = 1,288; (a) would
 have k = 51), 20 steps, every baseline and the 5 gs settings of ``gs_grid("exchanges")``:
@@ -338,8 +339,11 @@ def simulate(task: Task, method: Method, steps: int, ratio: float) -> dict:
         task.apply(updates)
     payload, wire = method.bytes() or (None, None)
     used = [x.layout.exchange for x in getattr(method, "each", []) if isinstance(x, GsState)][:1]
+    traffic = method.group.comms[0].traffic if isinstance(method, Simulated) else None
+    uneven = {"wire_over_even": traffic.wire / traffic.even_wire,
+              "worst_over_even": traffic.worst_over_even} if traffic is not None and traffic.even_wire else {}
     return {"task": task.name, "P": P, "ratio": ratio, "steps": steps, **method.info,
-            **({"exchange_used": used[0]} if used else {}),
+            **({"exchange_used": used[0]} if used else {}), **uneven,
             "mass": float(np.mean(masses)), "mass_steps": masses, "loss": losses,
             "wire": wire, "payload": payload, "seconds": time.perf_counter() - t0}
 
