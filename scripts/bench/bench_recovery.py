@@ -582,8 +582,9 @@ def method_name(r: dict) -> str:
 
 def exchange_markdown(records: list[dict]) -> str:
     """The markdown table of every record, per (task, ratio): P, method, delivered mass,
-    payload and wire bytes per rank per step and mass per wire kB (dense's mass, ≥ 1 by
-    definition, and the reference's bytes, none, are "–")."""
+    payload and wire bytes per rank per step, mass per wire kB (dense's mass, ≥ 1 by
+    definition, and the reference's bytes, none, are "–") and the wire bytes over an even
+    split's (above 1 only where an alltoall's loads were uneven; worst single step in brackets)."""
     order = ["dense", "exact top-k", *(name for name, _, _ in BASELINES.values())]
     gs_order = {e: i for i, e in enumerate(("auto", "sparse", "allgather", "sketch"))}
 
@@ -599,15 +600,16 @@ def exchange_markdown(records: list[dict]) -> str:
     for (task, ratio), rs in sorted(by_task.items()):
         steps = sorted({r["steps"] for r in rs})
         lines += [f"### {task}, ratio {ratio} ({'/'.join(map(str, steps))} steps)", "",
-                  "| P | method | delivered mass | payload bytes / step | wire bytes / step | mass per wire kB |",
-                  "|---|---|---|---|---|---|"]
+                  "| P | method | delivered mass | payload bytes / step | wire bytes / step | mass per wire kB "
+                  "| wire / even [worst] |", "|---|---|---|---|---|---|---|"]
         for r in sorted(rs, key=key):
             mass = None if r["method"] == "dense" else r["mass"]
             payload = "–" if r["payload"] is None else f"{r['payload']:,.0f}"
             wire = "–" if r["wire"] is None else f"{r['wire']:,.0f}"
             per_kb = "–" if mass is None or not r["wire"] else f"{mass / (r['wire'] / 1e3):.3g}"
+            uneven = f"{r['wire_over_even']:.3f} [{r['worst_over_even']:.2f}]" if "wire_over_even" in r else "–"
             lines.append(f"| {r['P']} | {method_name(r)} | {'–' if mass is None else f'{mass:.3f}'} "
-                         f"| {payload} | {wire} | {per_kb} |")
+                         f"| {payload} | {wire} | {per_kb} | {uneven} |")
         lines.append("")
     return "\n".join(lines)
 
