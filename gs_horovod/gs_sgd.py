@@ -35,10 +35,11 @@ m·k ≤ L·k):
   32(P−1)/P·L·k bytes through a rank plus 2 KB of histograms a group: flat in P, and the same
   selection as the allgather's, bit for bit.
 
-``exchange="auto"`` takes whichever of the allgather and the sparse exchange puts fewer wire
-bytes through a rank at this P (:meth:`Layout.build`; ties: the allgather, which applies the
-whole union): the allgather at P ≤ 2, the sparse exchange above. Every later stage, rule and
-check is the same for every exchange.
+``exchange="auto"`` takes the allgather while its wire bytes through a rank at this P are at
+most :data:`UNION_WORTH` (2) times the sparse exchange's — the whole union it applies carried up
+to about twice the top k's mass — and the sparse exchange beyond (:meth:`Layout.build`): with
+the default sizes and k ≥ 1,000, the allgather up to P = 5. Every later stage, rule and check
+is the same for every exchange.
 
 Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
 only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t); under the allgather with
@@ -72,6 +73,10 @@ NONFINITE = ("raise", "skip")
 EXCHANGES = ("auto", "sketch", "allgather", "sparse")
 EXACT_EXCHANGES = ("allgather", "sparse")  # send (index, value) pairs: int32 indices, no estimates
 RADIX_BINS = 256  # histogram bins per group in each of the sparse exchange's two threshold rounds
+# "auto" takes the allgather while its wire bytes are at most this many times the sparse
+# exchange's: the whole union it applies delivered 1.40×, 1.80× and 2.01× the top k's mass at
+# P = 2, 4 and 8 (scripts/bench/bench_recovery.py, docs/recovery_sparse.jsonl)
+UNION_WORTH = 2.0
 APPLY = ("topk", "all")
 MAX_GATHERED = 2**31  # the allgather sends indices as int32
 SCOPES = ("global", "layer")
@@ -119,8 +124,8 @@ class GsConfig:
         exchange's own, "topk" for the sketch, "all" for the allgather.
     exchange: what nominates the candidates: "sketch" (the paper's method), "allgather" (every
         rank's pre-filtered coordinates to every rank), "sparse" (the same coordinates summed
-        by region owners, the top-(m·k) of the sums to every rank: flat in P), or "auto": the
-        allgather or the sparse exchange, whichever puts fewer wire bytes through a rank.
+        by their owners, the top-(m·k) of the sums to every rank: flat in P), or "auto": the
+        allgather while its wire bytes are at most twice the sparse exchange's, else "sparse".
     prefilter: L; each rank sketches only its own top-(L·k) coordinates of a_t (0: all of a_t).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
@@ -279,11 +284,11 @@ class Layout:
               dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
         ``exchange="auto"`` lays out the allgather and the sparse exchange, each with its exact
-        round as :meth:`GsConfig.exact_for` says, and keeps the one with fewer wire bytes at P =
-        ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`; ties:
-        the allgather). Measured delivered mass per wire byte agrees (docs/design.md, "Exchange
-        by P"): the sketch never delivered more per byte than the sparse exchange, so "auto"
-        never picks it."""
+        round as :meth:`GsConfig.exact_for` says, and keeps the allgather while its wire bytes at
+        P = ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`) are
+        at most :data:`UNION_WORTH` times the sparse exchange's: the rule that measured
+        delivered mass per wire byte gives (docs/design.md, "Exchange by P"). The sketch never
+        delivered more per byte than the sparse exchange, so "auto" never picks it."""
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -311,8 +316,9 @@ class Layout:
             return laid_out(config.exchange)
         if start >= MAX_GATHERED:
             return laid_out("sketch")
-        plans = [laid_out(e) for e in EXACT_EXCHANGES]
-        return min(plans, key=lambda plan: total_wire_bytes(plan.collectives(config), ranks))  # ties: the allgather
+        gather, sparse = (laid_out(e) for e in EXACT_EXCHANGES)
+        wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}
+        return gather if wire["allgather"] <= UNION_WORTH * wire["sparse"] else sparse
 
     @classmethod
     def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int) -> Layout:

@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from .wire import Traffic
+from .wire import Traffic, wire_bytes
 
 T = TypeVar("T")
 
@@ -155,10 +155,11 @@ class SimulatedComm:
 
     def allgather(self, x: Any, name: str) -> Any:
         """Every rank's x (n_r,) concatenated in rank order, a torch or TensorFlow array as x is;
-        counted as a ring allgather of the mean n_r."""
+        counted as this rank's payload, on the wire as a ring allgather of the mean n_r."""
         t, back = _as_torch(x)
         parts = self._all(t, name)
-        self.traffic.add("allgather", sum(p.numel() * p.element_size() for p in parts) / self.size)
+        mean = sum(p.numel() * p.element_size() for p in parts) / self.size
+        self.traffic.add("allgather", t.numel() * t.element_size(), wire=wire_bytes("allgather", mean, self.size))
         return self._resume(back(torch.cat(parts)))
 
     def allreduce_sum(self, x: Any, name: str) -> Any:

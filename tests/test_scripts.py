@@ -162,15 +162,17 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     gtopk, defaults = by_method["gTop-k (global)"], gs["auto", None]
     assert float(match[1]) == pytest.approx(defaults["mass"] / gtopk["mass"], abs=1e-3)
     assert float(match[2]) == pytest.approx(defaults["wire"] / gtopk["wire"], abs=1e-3)
-    # at P = 4 the defaults are the sparse exchange, which applies what the allgather's top k does
-    assert defaults["exchange_used"] == "sparse"
-    assert defaults["mass"] == gs["sparse", None]["mass"] == pytest.approx(gs["allgather", "topk"]["mass"])
-    assert defaults["wire"] < gs["allgather", "topk"]["wire"]
+    # at P = 4 the defaults are the allgather applying its union (at most twice the sparse
+    # exchange's bytes); the sparse exchange applies what the allgather's top k does, for less
+    assert defaults["exchange_used"] == "allgather"
+    assert (defaults["mass"], defaults["wire"]) == (gs["allgather", None]["mass"], gs["allgather", None]["wire"])
+    assert gs["sparse", None]["mass"] == pytest.approx(gs["allgather", "topk"]["mass"])
+    assert gs["sparse", None]["wire"] < gs["allgather", "topk"]["wire"] <= 2 * gs["sparse", None]["wire"]
     assert by_method["dense"]["wire"] == 4 * 3 / 4 * by_method["dense"]["payload"]  # one ring allreduce
     assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-6 and by_method["exact top-k"]["wire"] is None
     assert all(0 < r["mass"] < math.inf and (r["wire"] is None or r["wire"] > 0) for r in rows)
     # exact top k of exact sums of the ranks' own top k: at most the top k's mass
-    assert all(r["mass"] <= 1 + 1e-6 for r in gs.values() if r["apply"] == "topk" or r["exchange"] != "allgather")
+    assert all(r["mass"] <= 1 + 1e-6 for r in gs.values() if r["apply"] == "topk" or r["exchange_used"] != "allgather")
 
     plot, loss_plot, markdown = tmp_path / "recovery.png", tmp_path / "loss.png", tmp_path / "recovery.md"
     report = run_script("bench/bench_recovery.py", "--report", str(records), "--plot", str(plot), "--loss-plot",
@@ -178,7 +180,8 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert "### digits MLP 1.28M, ratio 0.001, P = 4" in report
     assert plot.stat().st_size > 0 and loss_plot.stat().st_size > 0
     table = markdown.read_text()
-    assert "| 4 | gs defaults (auto → sparse) | " in table and "| 4 | gTop-k (global) | " in table
+    assert "| 4 | gs defaults (auto → allgather) | " in table and "| 4 | gs sparse | " in table
+    assert "| 4 | gTop-k (global) | " in table
 
 
 @pytest.mark.parametrize("launcher, compression", [("horovodrun", "gs"), ("torchrun", "gs"),
@@ -224,15 +227,17 @@ def test_bench_convergence_quick(tmp_path: Path) -> None:
     assert "at equal wire bytes" in out and (tmp_path / "convergence_mlp.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize(("compression", "ranks"), [("gs", 2), ("topk", 2), ("gs", 3)],
+@pytest.mark.parametrize(("compression", "ranks", "options"), [("gs", 2, []), ("topk", 2, []),
+                                                             ("gs", 3, ["--gs", "exchange=sparse"])],
                          ids=["gs-allgather-2", "topk-2", "gs-sparse-3"])
-def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compression: str, ranks: int) -> None:
+def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compression: str, ranks: int,
+                                                      options: list[str]) -> None:
     """``train_torch.py --simulated-ranks P`` (P ranks in one process) against the same run
-    under ``horovodrun -np P`` (GsSketch's defaults: the allgather at 2, the sparse exchange at
+    under ``horovodrun -np P`` (GsSketch's defaults at 2: the allgather; the sparse exchange at
     3): the same held-out accuracy, loss and payload bytes per step; the same wire bytes where
     they do not depend on where coordinates fall (the simulated alltoall counts the busiest
-    rank's real bytes, Horovod's meter an even split, so those may differ by the imbalance)."""
-    args = ["--model", "mlp", "--epochs", "2", "--compression", compression, "--ratio", "0.01"]
+    rank's real bytes, Horovod's meter an even split, so those may differ)."""
+    args = ["--model", "mlp", "--epochs", "2", "--compression", compression, "--ratio", "0.01", *options]
     run_script("examples/train_torch.py", *args, "--json", str(tmp_path / "real.json"),
                launcher=horovodrun_command(ranks, "gloo"))
     run_script("examples/train_torch.py", *args, "--simulated-ranks", str(ranks), "--json", str(tmp_path / "sim.json"))
@@ -245,7 +250,9 @@ def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compressio
         if ranks == 2:
             assert s["wire_bytes_per_step"] == pytest.approx(r["wire_bytes_per_step"])
         else:
-            assert r["wire_bytes_per_step"] <= s["wire_bytes_per_step"] <= 2 * r["wire_bytes_per_step"]
+            # Horovod's meter: rank 0's own allgather share, an even alltoall; simulated: the mean
+            # share, the busiest rank's real alltoall bytes
+            assert 0.5 * r["wire_bytes_per_step"] <= s["wire_bytes_per_step"] <= 2 * r["wire_bytes_per_step"]
 
 
 def test_bench_convergence_simulated(tmp_path: Path) -> None:
