@@ -37,9 +37,9 @@ m·k ≤ L·k):
 
 ``exchange="auto"`` takes the allgather while its wire bytes through a rank at this P are at
 most :data:`UNION_WORTH` (2) times the sparse exchange's — the whole union it applies carried up
-to about twice the top k's mass — and the sparse exchange beyond (:meth:`Layout.build`): with
-the default sizes and k ≥ 1,000, the allgather up to P = 5. Every later stage, rule and check
-is the same for every exchange.
+to about twice the top k's mass — and the sparse exchange beyond (:meth:`Layout.build`): the
+allgather for P ≤ 4 + 1,024/k at the default sizes. Every later stage, rule and check is the
+same for every exchange.
 
 Without the exact round (``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank
 only drops the coordinates of I_t it fed the sketch (I_t ∩ F_t); under the allgather with
