@@ -59,8 +59,9 @@ def test_variant_words_round_trip_and_label() -> None:
     assert variants.parse_variant("sketched:width=4,rows=3") == ("sketched", {"width": 4, "rows": 3})
     assert variants.variant_word("sketched", {"width": 4, "rows": 3}) == "sketched:rows=3,width=4"
     labels = [variants.variant_label(*variants.parse_variant(w)) for w in cost_model.HEADLINE]
-    assert labels == ["gs-SGD", "gTop-k (global)", "gTop-k (per tensor)", "top-k allgather (global)",
-                      "Sketched-SGD (global)", "PowerSGD r1", "PowerSGD r4", "dense", "fp16"]
+    assert labels == ["gs-SGD", "gs-SGD, exchange=sketch", "gTop-k (global)", "gTop-k (per tensor)",
+                      "top-k allgather (global)", "Sketched-SGD (global)", "PowerSGD r1", "PowerSGD r4", "dense",
+                      "fp16"]
     with pytest.raises(ValueError, match="method"):
         variants.parse_variant("dgc:scope=layer")
     with pytest.raises(ValueError, match="NAME=VALUE"):

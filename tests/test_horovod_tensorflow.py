@@ -88,6 +88,18 @@ def test_diverging_selections_and_options_fail_on_every_rank(ranks):
         assert "GsSketch options differ across ranks" in r["mismatch_seed_error"]
 
 
+@pytest.mark.parametrize("scope", ["global", "layer"])
+def test_sparse_exchange_trains_bitwise_as_the_allgathers_top_k(ranks, scope):
+    # DistributedGradientTape in a tf.function, the same start and batches, 4 steps
+    sparse = [r[f"sparse_{scope}_digests"] for r in ranks]
+    assert len(set(sparse[0])) == 4 and sparse[0] == sparse[1]  # it trains, alike on every rank
+    assert all(r[f"sparse_{scope}_digests"] == r[f"gather_{scope}_digests"] for r in ranks)
+    for r in ranks:
+        stats, gather = r[f"sparse_{scope}_stats"], r[f"gather_{scope}_stats"]
+        assert stats["steps"] == 4 and stats["alltoall_bytes"] > 0 and stats["select_bytes"] > 0
+        assert gather["alltoall_bytes"] == 0
+
+
 def test_keras_training_stays_close_to_dense(ranks):
     # 12 epochs of tf-keras fit, k = 5 % of the model's coordinates
     for r in ranks:

@@ -160,6 +160,15 @@ def main(out_dir: str) -> None:
     result["bf16_finite"] = all(bool(np.isfinite(tf.cast(v, tf.float32).numpy()).all())
                                 for v in model.trainable_variables)
 
+    # the sparse exchange (alltoall to the owners, threshold, allgather of the selected pairs)
+    # applies exactly the allgather's top k: the same model after every step, in a tf.function
+    for scope in ("global", "layer"):
+        for name, options in (("sparse", {"exchange": "sparse"}), ("gather", {"exchange": "allgather",
+                                                                              "apply": "topk"})):
+            model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, scope=scope, **options)
+            result[f"{name}_{scope}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
+            result[f"{name}_{scope}_stats"] = vars(gs.stats)
+
     # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
     result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)
     result["keras_gs"] = keras_fit(x, y, GsSketch(ratio=0.05, min_size=64))
