@@ -19,8 +19,8 @@ class ArrayOps(Protocol):
 
     def zeros_like(self, x: Array) -> Array: ...
 
-    def from_numpy(self, x: np.ndarray) -> Array:
-        """The framework's array (on the host) holding x."""
+    def from_numpy(self, x: np.ndarray, like: Optional[Array] = None) -> Array:
+        """The framework's array holding x: on the host, or on ``like``'s device."""
 
     def copy(self, x: Array) -> Array:
         """A copy of x that later in-place updates of x do not change."""

@@ -583,8 +583,8 @@ class GsSgd:
         received, got = comm.alltoall(ops.pairs(routed, ops.take(a, routed)), splits, "gs_horovod.sparse")
         idx, vals = ops.unpairs(received)
         union, sums = self._union_sum(idx, vals, got // 2)
-        starts = ops.from_numpy(np.array([g.start for g in layout.groups] + [layout.total], np.int64))
-        wanted = ops.from_numpy(np.array([g.candidates for g in layout.groups], np.int32))
+        starts = ops.from_numpy(np.array([g.start for g in layout.groups] + [layout.total], np.int64), union)
+        wanted = ops.from_numpy(np.array([g.candidates for g in layout.groups], np.int32), union)
         groups = len(layout.groups)
         group, key = ops.bucket(union, starts), ops.abs_key(sums)
         high = ops.key_bits(key, 23, 8)  # exponent: 8 bits

@@ -114,7 +114,7 @@ class TfOps:
     def zeros_like(self, x: tf.Tensor) -> tf.Tensor:
         return tf.zeros_like(x)
 
-    def from_numpy(self, x: np.ndarray) -> tf.Tensor:
+    def from_numpy(self, x: np.ndarray, like: Any = None) -> tf.Tensor:
         return tf.constant(x)
 
     def copy(self, x: tf.Tensor) -> tf.Tensor:

@@ -283,8 +283,8 @@ class TorchOps:
     def zeros_like(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(x)
 
-    def from_numpy(self, x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(x)
+    def from_numpy(self, x: np.ndarray, like: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return torch.from_numpy(x) if like is None else torch.from_numpy(x).to(like.device)
 
     def copy(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
