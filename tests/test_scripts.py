@@ -275,7 +275,7 @@ def test_bench_compute_quick(tmp_path: Path) -> None:
     are the documented ratios of the rows' medians."""
     out = run_script("bench/bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
     rows = json.loads((tmp_path / "c.json").read_text())
-    assert len(rows) == 7 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
+    assert len(rows) == 8 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
     median = {r["method"]: r["median_s"] for r in rows}
     lines = [line.split() for line in out.strip().splitlines()[-2:]]
     assert [name for name, _ in lines] == ["defaults_vs_topk_allgather", "gtopk_vs_topk_allgather"]
