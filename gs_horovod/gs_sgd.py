@@ -105,9 +105,10 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class GsConfig:
-    """Options of gs-SGD, validated at construction. The default sizes (rows 3, width 2, one
-    round of k candidates, pre-filter 1, float16 sketch) were chosen by measured delivered mass
-    per byte (``scripts/bench/bench_recovery.py``, docs/design.md "Recovery").
+    """Options of gs-SGD, validated at construction. The sketch's default sizes (rows 3, width 2,
+    one round of k candidates, pre-filter 1, float16 sketch) and ``exchange="auto"``'s rule were
+    chosen by measured delivered mass per wire byte (``scripts/bench/bench_recovery.py``,
+    docs/design.md "Recovery" and "Exchange by P").
 
     scope: "global" (one sketch of all compressed coordinates per step, k = ceil(ratio · D))
         or "layer" (one sketch per tensor, k = ceil(ratio · d) each).
@@ -121,7 +122,7 @@ class GsConfig:
         round: of the estimates); "all" applies every value delivered: all m·k exact values, or
         without the exact round every estimate (under the allgather: the whole union of the
         ranks' pre-filtered sets with their partial sums, which is top-k allgather). None: the
-        exchange's own, "topk" for the sketch, "all" for the allgather.
+        exchange's own, "all" for the allgather without the exact round, else "topk".
     exchange: what nominates the candidates: "sketch" (the paper's method), "allgather" (every
         rank's pre-filtered coordinates to every rank), "sparse" (the same coordinates summed
         by their owners, the top-(m·k) of the sums to every rank: flat in P), or "auto": the
@@ -130,7 +131,8 @@ class GsConfig:
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     seed: hash seed; must be equal on every rank.
     exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
-        the exchange's own, True for the sketch (and whenever m > 1), False for the allgather.
+        the exchange's own, True for the sketch (and whenever m > 1), False for the allgather and
+        the sparse exchange (their values are exact sums already).
     warmup_steps: steps sent dense before sketching starts.
     min_size: tensors with fewer elements are sent dense, uncompressed.
     momentum: momentum-correction factor m in [0, 1) (use with a momentum-free optimizer).
