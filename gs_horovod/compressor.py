@@ -98,8 +98,8 @@ class HorovodCollectives:
     """:class:`gs_horovod.collectives.Collectives` over Horovod (``hvd``: horovod.torch or
     horovod.tensorflow; blocking in torch, graph ops in TF) on ``process_set``: ``allreduce``
     with ``op`` (Average or Sum), allgather (any length per rank), alltoall with splits,
-    broadcast from rank 0. ``traffic``: where torch calls are counted (None under TF, whose
-    traced step the adapter's graph counters count)."""
+    broadcast from rank 0. ``traffic``: where torch calls are counted (the baselines' meter);
+    None for GsSketch, whose ``stats`` count its steps (under TF in graph counters)."""
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
         self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic
@@ -198,7 +198,6 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     """
 
     _hvd: Any
-    _eager = False  # whether the framework runs collectives eagerly (torch) rather than traced (TF)
     config = DefaultInstanceAttribute()
     merge = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
@@ -233,7 +232,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
         if self.merge == "horovod":
-            return HorovodCollectives(hvd, self.ops, op, process_set, self._traffic(process_set))
+            return HorovodCollectives(hvd, self.ops, op, process_set)
         if process_set is not None and process_set.process_set_id != 0:
             raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
         if self._comms is None:
@@ -241,13 +240,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
             self._comms = Communicators(horovod_world(hvd, self._comm).Dup())  # initialises MPI
         return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce,
-                              self._numpy_call, self._traffic(process_set))
-
-    def _traffic(self, process_set: Any) -> Optional[Traffic]:
-        """Where the collectives count what they send: a Traffic in eager frameworks (torch),
-        None where the step is traced (TF)."""
-        return Traffic(process_set.size()) if self._eager else None
-
+                              self._numpy_call)
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:

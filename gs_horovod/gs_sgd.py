@@ -318,7 +318,7 @@ class Layout:
             return laid_out(config.exchange)
         if start >= MAX_GATHERED:
             return laid_out("sketch")
-        gather, sparse = (laid_out(e) for e in EXACT_EXCHANGES)
+        gather, sparse = laid_out("allgather"), laid_out("sparse")
         wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}
         return gather if wire["allgather"] <= UNION_WORTH * wire["sparse"] else sparse
 
@@ -346,12 +346,12 @@ class Layout:
         """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
         return self.offsets + tuple(self.total + o for o in _starts(self.dense_sizes))
 
-    def payload_bytes(self, config: GsConfig, dense: bool = False) -> Payload:
+    def payload_bytes(self, config: GsConfig, dense: bool = False, gathered: Any = None) -> Payload:
         """The :class:`Payload` one rank hands to collectives in one step: a compressed step (as
         ``exchange``), or with ``dense`` (warm-up, or nothing to sketch) everything at 4 bytes.
-        The sparse exchange's allgather is planned as an even share, 8·m·k/P bytes a rank (what
-        a rank sends depends on where the selected coordinates lie: :class:`StepResult`
-        ``gathered`` has it)."""
+        The sparse exchange's allgather is what the rank sent, 8 bytes for each of the
+        ``gathered`` pairs (:class:`StepResult`; an int or a scalar tensor), or, planned
+        (None), an even share of 8·m·k/P bytes."""
         if dense or not self.groups:
             return Payload(dense=(self.total + sum(self.dense_sizes)) * 4)
         itemsize = 2 if config.sketch_dtype == "float16" else 4
@@ -362,7 +362,7 @@ class Layout:
         fed = sum(8 * g.fed for g in self.groups)
         if self.exchange == "allgather":
             return Payload(gather=fed, exact=exact, dense=small)
-        share = math.ceil(sum(8 * g.candidates for g in self.groups) / self.ranks)
+        share = math.ceil(sum(8 * g.candidates for g in self.groups) / self.ranks) if gathered is None else 8 * gathered
         return Payload(gather=share, alltoall=fed, select=2 * 4 * RADIX_BINS * len(self.groups), exact=exact,
                        dense=small)
 

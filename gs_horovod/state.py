@@ -45,10 +45,7 @@ class CommStats:
     def add(self, layout: Layout, config: GsConfig, dense: bool, applied: bool, gathered: int = 0) -> None:
         """Counts one step of ``layout`` (``dense``: a warm-up step); ``gathered``: the pairs
         this rank put into the sparse exchange's allgather, counted instead of the plan."""
-        payload = layout.payload_bytes(config, dense)
-        if layout.exchange == "sparse" and not dense and layout.groups:
-            payload = payload._replace(gather=8 * gathered)
-        for f, n in zip(Payload._fields, payload):
+        for f, n in zip(Payload._fields, layout.payload_bytes(config, dense, gathered)):
             setattr(self, f + "_bytes", getattr(self, f + "_bytes") + n)
         self.steps += 1
         self.skipped += 0 if applied else 1

@@ -237,9 +237,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 s.residual.assign(part)
             for s, part in zip(states, tf.split(result.momentum, list(layout.sizes)) if cfg.momentum else []):
                 s.momentum.assign(part)
-        sketched, dense = layout.payload_bytes(cfg), layout.payload_bytes(cfg, dense=True)
-        if layout.exchange == "sparse" and layout.groups:
-            sketched = sketched._replace(gather=8 * result.gathered)
+        sketched, dense = layout.payload_bytes(cfg, gathered=result.gathered), layout.payload_bytes(cfg, dense=True)
         counted = zip((f + "_bytes" for f in Payload._fields), sketched, dense)
         self._counters.add(**{k: tf.where(warm, tf.cast(d, tf.int64), tf.cast(b, tf.int64)) for k, b, d in counted},
                            steps=1, skipped=1 - tf.cast(result.applied, tf.int64))
