@@ -25,11 +25,14 @@ from .wire import Traffic
 class Collectives(Protocol):
     """Collectives over ``size`` ranks (P) seen from ``rank``; every result is bitwise the same
     on every rank (``gather``: on rank 0). ``averages``: whether :meth:`allreduce` returns the
-    mean (Horovod's op Average) or the sum (op Sum)."""
+    mean (Horovod's op Average) or the sum (op Sum). ``allreduce_kind``: the
+    :mod:`gs_horovod.wire` kind its allreduces run as ("allreduce": a ring; "tree": recursive
+    doubling), which prices them in ``exchange="auto"``."""
 
     rank: int
     size: int
     averages: bool
+    allreduce_kind: str
     traffic: Optional[Traffic]
 
     def allreduce(self, x: Array, name: str) -> Array:

@@ -6,13 +6,14 @@ checkpoint API, and the class-as-compressor convention of Horovod."""
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import asdict, fields
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 from .array_ops import Array, ArrayOps
-from .checkpoint import CheckpointApi
+from .checkpoint import DEFAULT_TIMEOUT, CheckpointApi
 from .collectives import count
 from .gs_sgd import GsConfig, Layout
 from .mpi import MergeStats
@@ -65,6 +66,34 @@ def check_merge(merge: str, comm: Any) -> None:
         raise ValueError("comm is used by merge='mpi' only")
 
 
+def check_timeout(timeout: Any) -> float:
+    """The ``checkpoint_timeout`` option of every adapter: seconds, a number > 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"checkpoint_timeout must be a number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def arrive_on_thread(collective: Callable[[], float], timeout: float) -> Optional[float]:
+    """Runs ``collective`` (a blocking sum over ranks) on a daemon thread and waits ``timeout``
+    seconds: its result, or None if it had not finished (it stays pending). Its error re-raises."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(collective())
+        except Exception as error:  # handed to the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, name="gs_horovod.arrive", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return None
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
 class DefaultInstanceAttribute:
     """An instance attribute (set in ``__init__``) that, read on the class itself, is read on
     the class's ``default()`` instance: ``GsSketch.stats`` is the class form's stats."""
@@ -100,6 +129,8 @@ class HorovodCollectives:
     with ``op`` (Average or Sum), allgather (any length per rank), alltoall with splits,
     broadcast from rank 0. ``traffic``: where torch calls are counted (the baselines' meter);
     None for GsSketch, whose ``stats`` count its steps (under TF in graph counters)."""
+
+    allreduce_kind = "allreduce"  # Horovod's ring
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
         self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic
@@ -153,6 +184,8 @@ class MpiCollectives(HorovodCollectives):
     its alltoall and allgather by MPI's Alltoallv / Allgatherv (through ``numpy_call``); the
     tiny checks stay on Horovod."""
 
+    allreduce_kind = "tree"
+
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Any, stats: MergeStats,
                  tree: TreeAllreduce, numpy_call: NumpyCall, traffic: Optional[Traffic] = None) -> None:
         super().__init__(hvd, ops, op, process_set, traffic)
@@ -186,6 +219,13 @@ class MpiCollectives(HorovodCollectives):
         return total / size if average and not half else total
 
 
+def allreduce_kind(merge: str) -> str:
+    """The :mod:`gs_horovod.wire` kind GsSketch's allreduces run as under ``merge``: Horovod's
+    ring ("allreduce") or the MPI tree ("tree")."""
+    check_merge(merge, None)
+    return (MpiCollectives if merge == "mpi" else HorovodCollectives).allreduce_kind
+
+
 class GsSketchBase(CheckpointApi, DefaultInstance):
     """What both GsSketch compressors share. A subclass provides ``_hvd`` (its horovod module),
     ``_make_ops()``, ``_tree_allreduce`` (a :data:`TreeAllreduce`), ``_describe(tensor)``,
@@ -202,9 +242,11 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     merge = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
+    def __init__(self, merge: str = "horovod", comm: Any = None, checkpoint_timeout: float = DEFAULT_TIMEOUT,
+                 **options: Any) -> None:
         check_merge(merge, comm)
-        self.config: GsConfig = config_from(options, extra=("merge", "comm"))
+        self.checkpoint_timeout = check_timeout(checkpoint_timeout)
+        self.config: GsConfig = config_from(options, extra=("merge", "comm", "checkpoint_timeout"))
         self.merge = merge
         self.ops = self._make_ops()
         self.merge_stats = MergeStats()
@@ -250,10 +292,10 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         compressed ones, an allreduce of the others as they are."""
         ranks = self._hvd.size() if ranks is None else ranks
         described = [self._describe(t) for t in tensors]  # (name, elements, floating, itemsize)
-        layout = Layout.split([(n, d) for n, d, floating, _ in described if floating], self.config, ranks=ranks)
+        layout = Layout.split([(n, d) for n, d, floating, _ in described if floating], self.config, ranks=ranks,
+                              allreduce_kind=allreduce_kind(self.merge))
         others = sum(d * itemsize for _, d, floating, itemsize in described if not floating)
-        merge = "tree" if self.merge == "mpi" else "allreduce"
-        return layout.collectives(self.config, merge=merge) + ([("allreduce", float(others))] if others else [])
+        return layout.collectives(self.config) + ([("allreduce", float(others))] if others else [])
 
     @DefaultInstanceMethod
     def bytes_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> int:
@@ -271,6 +313,11 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         received, splits = self._hvd.alltoall(data, splits=splits, name="gs_horovod.checkpoint")
         buf, sizes = received.numpy().tobytes(), splits.numpy().tolist()
         return [buf[end - n:end] for n, end in zip(sizes, np.cumsum(sizes).tolist())]
+
+    def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
+        """Horovod's allreduce (Sum) of ``value`` over all ranks, given ``timeout`` seconds."""
+        hvd, x = self._hvd, self.ops.from_numpy(np.array([value], np.float32))
+        return arrive_on_thread(lambda: float(hvd.allreduce(x, op=hvd.Sum, name=name)[0]), timeout)
 
     def _rank(self) -> int:
         return self._hvd.rank()

@@ -38,6 +38,8 @@ class DistCollectives:
     size), ``all_gather`` of exchanged lengths, ``all_to_all_single``, ``broadcast``; counted
     into ``traffic``."""
 
+    allreduce_kind = "allreduce"  # gloo's and NCCL's large allreduces: ring
+
     def __init__(self, group: Optional[dist.ProcessGroup]) -> None:
         self.group = group
         self.rank, self.size, self.averages = dist.get_rank(group), dist.get_world_size(group), True

@@ -80,6 +80,7 @@ UNION_WORTH = 2.0
 APPLY = ("topk", "all")
 MAX_GATHERED = 2**31  # the allgather sends indices as int32
 SCOPES = ("global", "layer")
+ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (merge="mpi")
 SKETCH_DTYPES = ("float16", "float32")
 DEFAULT_RATIO = 0.01
 
@@ -266,7 +267,9 @@ class Layout:
     exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
     exchange: "sketch", "allgather" or "sparse", the config's choice for ``ranks`` (P) ranks;
     exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
-    :meth:`GsConfig.apply_for`); ranks: P.
+    :meth:`GsConfig.apply_for`); ranks: P; allreduce_kind: the :mod:`gs_horovod.wire` kind the
+    transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
+    merge="mpi"), which prices them in :meth:`collectives` and "auto".
     """
 
     names: tuple[str, ...]
@@ -280,17 +283,20 @@ class Layout:
     exact: bool = True
     apply: str = "topk"
     ranks: int = 1
+    allreduce_kind: str = "allreduce"
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
-              dense_sizes: tuple[int, ...] = (), *, ranks: int) -> Layout:
+              dense_sizes: tuple[int, ...] = (), *, ranks: int, allreduce_kind: str = "allreduce") -> Layout:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
         ``exchange="auto"`` lays out the allgather and the sparse exchange, each with its exact
         round as :meth:`GsConfig.exact_for` says, and keeps the allgather while its wire bytes at
-        P = ``ranks`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`) are
-        at most :data:`UNION_WORTH` times the sparse exchange's: the rule that measured
+        P = ``ranks``, with the allreduces (threshold rounds, exact round, small tensors) priced as
+        ``allreduce_kind`` (:meth:`collectives` through :func:`gs_horovod.wire.total_wire_bytes`),
+        are at most :data:`UNION_WORTH` times the sparse exchange's: the rule that measured
         delivered mass per wire byte gives (docs/design.md, "Exchange by P"). The sketch never
         delivered more per byte than the sparse exchange, so "auto" never picks it."""
+        _check_choice("allreduce_kind", allreduce_kind, ALLREDUCE_KINDS)
         offsets, start = _starts(tuple(sizes)), sum(sizes)
         if config.scope == "global":
             spans = [(0, start, "all compressed tensors")] if start else []
@@ -312,7 +318,8 @@ class Layout:
             else:
                 chosen = groups
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), start, tuple(dense_names),
-                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks)
+                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
+                       allreduce_kind)
 
         if config.exchange != "auto":
             return laid_out(config.exchange)
@@ -323,15 +330,17 @@ class Layout:
         return gather if wire["allgather"] <= UNION_WORTH * wire["sparse"] else sparse
 
     @classmethod
-    def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int) -> Layout:
-        """The layout of tensors given as (name, elements) on ``ranks`` ranks: those of at least
+    def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int,
+              allreduce_kind: str = "allreduce") -> Layout:
+        """The layout of tensors given as (name, elements) on ``ranks`` ranks whose transport runs
+        allreduces as ``allreduce_kind`` (:meth:`build`): those of at least
         ``min_size`` elements are compressed, the others sent exactly; each kind sorted by name.
         The one place the ``min_size`` split is made."""
         named = sorted(named)
         big = [(n, d) for n, d in named if d >= config.min_size]
         small = [(n, d) for n, d in named if d < config.min_size]
         return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
-                         tuple(d for _, d in small), ranks=ranks)
+                         tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind)
 
     @property
     def all_names(self) -> tuple[str, ...]:
@@ -366,10 +375,10 @@ class Layout:
         return Payload(gather=share, alltoall=fed, select=2 * 4 * RADIX_BINS * len(self.groups), exact=exact,
                        dense=small)
 
-    def collectives(self, config: GsConfig, dense: bool = False, merge: str = "allreduce") -> list[tuple[str, float]]:
+    def collectives(self, config: GsConfig, dense: bool = False) -> list[tuple[str, float]]:
         """One step's (kind, payload bytes) collectives (:func:`collectives_of` of
-        :meth:`payload_bytes`)."""
-        return collectives_of(self.payload_bytes(config, dense), merge)
+        :meth:`payload_bytes`, the allreduces as ``allreduce_kind``)."""
+        return collectives_of(self.payload_bytes(config, dense), self.allreduce_kind)
 
 
 def _starts(sizes: tuple[int, ...]) -> list[int]:

@@ -116,6 +116,7 @@ class SimulatedComm:
     def __init__(self, group: SimulatedRanks, rank: int) -> None:
         self.group, self.rank, self.size = group, rank, group.size
         self.averages = True  # allreduce returns the mean
+        self.allreduce_kind = "allreduce"  # counted as a ring
         self.traffic = Traffic(group.size)
         self.names: list[str] = []
         self.started = 0.0  # when this rank's current stretch of compute began

@@ -114,7 +114,8 @@ class GsState:
         config = self.engine.config
         like = next(iter(grads.values()))
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
-        self._lay_out(Layout.split(named, config, ranks=self.engine.comm.size), like)
+        comm = self.engine.comm
+        self._lay_out(Layout.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind), like)
         layout = self.layout
         warm = self.steps < config.warmup_steps
         result = self.engine.step(layout, [grads[n] for n in layout.names], self.residual, self.momentum,

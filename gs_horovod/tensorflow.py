@@ -212,7 +212,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                  if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
                  and g.shape.num_elements() is not None}
         comm = self._collectives(op, process_set)
-        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size)
+        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size,
+                              allreduce_kind=comm.allreduce_kind)
         states = [self._state(n, d) for n, d in zip(layout.names, layout.sizes)]
         key = f"{zlib.crc32(repr(layout.all_names).encode()):08x}"
         step = self.steps.get(key)

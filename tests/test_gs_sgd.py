@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -256,6 +257,35 @@ def test_auto_takes_the_allgather_while_it_costs_at_most_twice_the_sparse_exchan
     assert Layout.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
     assert Layout.build(["w"], [100_000], GsConfig(exchange="sparse"), ranks=2).exchange == "sparse"
 
+
+@pytest.mark.parametrize("P", [5, 6, 7])
+def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
+    """merge="mpi" runs allreduces as a recursive-doubling tree (2⌈log2 P⌉·n through a rank),
+    Horovod as a ring (4(P−1)/P·n): "auto" prices the sparse exchange's histograms and the small
+    tensors on the transport's own. D = 1,280,000 + a 1,000-element tensor sent exactly, k = 1,280."""
+    k, small = 1280, 4 * 1000
+    ring, tree = 4 * (P - 1) / P, 2 * math.ceil(math.log2(P))
+    gather = 2 * (P - 1) * 8 * k  # the allgather's ring
+
+    def sparse(allreduce: float) -> float:  # alltoall, two 1 KiB histograms, each owner's share allgathered
+        return 2 * (P - 1) / P * 8 * k + 2 * allreduce * 1024 + 2 * (P - 1) * math.ceil(8 * k / P)
+
+    expected = {kind: "allgather" if gather + per * small <= 2 * (sparse(per) + per * small) else "sparse"
+                for kind, per in (("allreduce", ring), ("tree", tree))}
+    assert expected == {5: {"allreduce": "allgather", "tree": "allgather"},
+                        6: {"allreduce": "sparse", "tree": "allgather"},
+                        7: {"allreduce": "sparse", "tree": "sparse"}}[P]
+    cfg = GsConfig(ratio=0.001)
+    for kind in ("allreduce", "tree"):
+        layout = Layout.split([("w", 1_280_000), ("b", 1000)], cfg, ranks=P, allreduce_kind=kind)
+        assert layout.exchange == expected[kind]
+        assert {c for c, _ in layout.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
+    tensors = [torch.zeros(1_280_000), torch.zeros(1000)]
+    for merge, kind in (("horovod", "allreduce"), ("mpi", "tree")):
+        step = GsSketch(merge=merge, ratio=0.001).collectives_per_step(tensors, ranks=P)
+        assert {c for c, _ in step} == {kind, "allgather"} | ({"alltoall"} if expected[kind] == "sparse" else set())
+    with pytest.raises(ValueError, match="allreduce_kind"):
+        Layout.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")
 
 def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
     # without the exact round: Δ = (Σ over the ranks that fed i of a_r,i) / P on the k largest

@@ -34,6 +34,7 @@ class Counting:
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.size, self.averages = inner, inner.size, inner.averages
+        self.allreduce_kind = inner.allreduce_kind
         self.sent: dict[str, int] = {}
         self.received = 0
 
