@@ -21,7 +21,8 @@ into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch
 k = D/1000, one seed) ends with the line ``gs_vs_best P=<P> metric_ratio <x> wire_bytes_ratio <y>``:
 x = gs's final metric over the best other method's at gs's cumulative wire bytes (interpolated
 between its evaluations, :func:`at_budget`; accuracy: above 1 is gs ahead; perplexity: below 1
-is), y = gs's wire MB over that method's at that point (1 unless it sent less in all).
+is), y = gs's wire MB over that method's at that point (1 unless it sent less in all), after a
+line per peer at that budget (a peer whose first evaluation sent more is listed, not picked).
 
 Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
@@ -41,6 +42,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,83 +229,100 @@ def table(runs: dict, metric: str) -> str:
     return "\n".join(lines)
 
 
-def at_bytes(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
-    """(mean metric, mean MB) over seeds at each run's last evaluation within ``mb`` cumulative
-    wire MB through a rank; None when a run's first evaluation already sent more."""
-    points = []
+@dataclass
+class AtBudget:
+    """A method's held-out metric at a cumulative wire budget (MB through the busiest rank), mean
+    over seeds. ``status``: "interpolated" (each run's evaluations bracket the budget: linear in
+    MB between the two around it; ``mb`` is the budget), "stopped short" (a run's last
+    evaluation sent less: its last evaluation, ``mb`` the MB it had sent, below the budget) or
+    "starts beyond" (a run's first evaluation already sent more: no point within the budget;
+    ``value`` and ``mb`` are its first evaluation's, above the budget)."""
+
+    status: str
+    value: float
+    mb: float
+
+    def text(self) -> str:
+        """The cell as the docs' equal-bytes tables write it."""
+        if self.status == "interpolated":
+            return f"{self.value:.4g}"
+        if self.status == "stopped short":
+            return f"{self.value:.4g} (stopped short: all of its {self.mb:.3g} MB)"
+        return f"n/a (first evaluation at {self.mb:.3g} MB: {self.value:.4g})"
+
+
+def at_budget(seeds: dict, metric: str, mb: float) -> AtBudget:
+    """``seeds``' metric at ``mb`` cumulative wire MB through a rank (:class:`AtBudget`): each
+    run's metric interpolated linearly in MB between its last evaluation within ``mb`` and the
+    next, so a method that evaluates rarely is not charged the budget it spent between
+    evaluations; a run that never sent ``mb`` gives its last evaluation and one whose first
+    evaluation sent more gives none (its status says which, the method is never dropped)."""
+    points, status = [], "interpolated"
     for r in seeds.values():
         _, sent, values = curves(r, metric)
-        within = [(v, m) for m, v in zip(sent, values) if m <= mb * (1 + 1e-9)]
-        if not within:
-            return None
-        points.append(within[-1])
-    return sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points)
+        i = sum(1 for m in sent if m <= mb * (1 + 1e-9)) - 1
+        if i < 0:
+            firsts = [(curves(s, metric)[2][0], curves(s, metric)[1][0]) for s in seeds.values()]
+            return AtBudget("starts beyond", sum(v for v, _ in firsts) / len(firsts),
+                            sum(m for _, m in firsts) / len(firsts))
+        if i + 1 < len(sent):
+            share = (mb - sent[i]) / (sent[i + 1] - sent[i])
+            points.append((values[i] + share * (values[i + 1] - values[i]), mb))
+        else:
+            points.append((values[i], sent[i]))
+            status = "stopped short" if sent[i] < mb * (1 - 1e-9) else status
+    return AtBudget(status, sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points))
+
+
+def gs_budget(gs: dict, metric: str) -> tuple[float, float]:
+    """(gs's final metric, its cumulative wire MB through a rank), means over seeds."""
+    return final(gs, metric), sum(curves(r, metric)[1][-1] for r in gs.values()) / len(gs)
+
+
+def peers_at_budget(runs: dict, metric: str, ratio: float, reference: str = "gs") -> dict[str, AtBudget]:
+    """Every peer of ``reference`` at ``ratio`` (the methods at that k and those taking none, but
+    dense) at the reference's whole cumulative wire bytes (:func:`at_budget`)."""
+    _, sent = gs_budget(runs[f"{reference} @ {ratio:g}"], metric)
+    return {key: at_budget(seeds, metric, sent) for key, seeds in runs.items()
+            if key.rsplit(" @ ", 1)[0] not in (reference, "dense") and key.rsplit(" @ ", 1)[1] in (f"{ratio:g}", "1")}
 
 
 def headline(runs: dict, metric: str, reference: str = "gs") -> str:
     """``reference`` against dense at its final evaluation (accuracy: points; perplexity: %), and
     every other method (at the same k, and those without a k) at equal wire bytes: its metric
-    when it had sent no more wire bytes than the reference's whole budget (mean over seeds)."""
+    at the reference's whole cumulative budget (:func:`peers_at_budget`, mean over seeds)."""
     lines = []
     dense = runs.get("dense @ 1")
     for key, seeds in runs.items():
         label, ratio = key.rsplit(" @ ", 1)
         if label != reference:
             continue
-        last, sent = final(seeds, metric), sum(curves(r, metric)[1][-1] for r in seeds.values()) / len(seeds)
+        last, sent = gs_budget(seeds, metric)
         if dense:
             d = final(dense, metric)
             gap = (f"{100 * (last - d):+.2f} points" if metric == "accuracy"
                    else f"{100 * (last / d - 1):+.1f} %")
             lines.append(f"{key}: final {metric} {last:.4f}, dense {d:.4f} ({gap} against dense)")
-        lines.append(f"  at equal wire bytes (≤ {sent:.3g} MB through a rank, {reference}'s whole budget):")
-        for other, peer in runs.items():
-            if other.rsplit(" @ ", 1)[1] not in (ratio, "1") or other == key or other.startswith("dense"):
-                continue
-            got = at_bytes(peer, metric, sent)
-            lines.append(f"    {other}: " + (f"{got[0]:.4f} after {got[1]:.3g} MB" if got
-                                            else "n/a (its first evaluation sent more)"))
+        lines.append(f"  at equal wire bytes ({sent:.3g} MB through a rank, {reference}'s whole budget):")
+        for other, got in peers_at_budget(runs, metric, float(ratio), reference).items():
+            lines.append(f"    {other}: {got.text()}")
     return "\n".join(lines)
 
 
-def at_budget(seeds: dict, metric: str, mb: float) -> tuple[float, float] | None:
-    """(mean metric, mean MB) over seeds at ``mb`` cumulative wire MB through a rank: each run's
-    metric interpolated linearly in MB between its last evaluation within ``mb`` and the next
-    (its last evaluation if it never sent that much); None when a run's first evaluation
-    already sent more. Unlike :func:`at_bytes` it does not hand a method that evaluates rarely
-    the budget it spent between evaluations."""
-    points = []
-    for r in seeds.values():
-        _, sent, values = curves(r, metric)
-        i = sum(1 for m in sent if m <= mb * (1 + 1e-9)) - 1
-        if i < 0:
-            return None
-        if i + 1 < len(sent):
-            share = (mb - sent[i]) / (sent[i + 1] - sent[i])
-            points.append((values[i] + share * (values[i + 1] - values[i]), mb))
-        else:
-            points.append((values[i], sent[i]))
-    return sum(v for v, _ in points) / len(points), sum(m for _, m in points) / len(points)
-
-
-def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str]:
-    """(gs's final metric / the best peer's, gs's wire MB / that peer's, its key): the peers
-    (every method but dense, at ``ratio`` or taking none) at gs's whole cumulative wire bytes
-    (:func:`at_budget`), the best by ``metric``."""
-    gs = runs[f"gs @ {ratio:g}"]
-    last, sent = final(gs, metric), sum(curves(r, metric)[1][-1] for r in gs.values()) / len(gs)
-    peers = {}
-    for key, seeds in runs.items():
-        label, at = key.rsplit(" @ ", 1)
-        if label not in ("gs", "dense") and at in (f"{ratio:g}", "1"):
-            got = at_budget(seeds, metric, sent)
-            if got:
-                peers[key] = got
-    if not peers:
-        raise ValueError("no other method stayed within gs's wire bytes at its first evaluation")
+def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str, dict[str, AtBudget]]:
+    """(gs's final metric / the best peer's, gs's wire MB / that peer's, its key, every peer at
+    gs's budget): the best by ``metric`` among the peers with a point within gs's whole
+    cumulative wire bytes (:func:`peers_at_budget`: interpolated there, or stopped short of
+    it); the peers whose first evaluation sent more are in the dict, not in the pick."""
+    last, sent = gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    peers = peers_at_budget(runs, metric, ratio)
+    within = {key: got for key, got in peers.items() if got.status != "starts beyond"}
+    if not within:
+        raise ValueError(f"no peer has an evaluation within gs's {sent:.3g} MB: "
+                         + ", ".join(f"{key} {got.text()}" for key, got in peers.items()))
     pick = min if metric == "perplexity" else max
-    key = pick(peers, key=lambda k: peers[k][0])
-    return last / peers[key][0], sent / peers[key][1], key
+    key = pick(within, key=lambda k: within[k].value)
+    return last / within[key].value, sent / within[key].mb, key, peers
 
 
 def main() -> None:
@@ -385,8 +404,12 @@ def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
         return
     for ratio in args.ratios:
         if f"gs @ {ratio:g}" in runs:
-            x, y, peer = gs_vs_best(runs, metric, ratio)
-            print(f"\nbest peer at gs's wire bytes (interpolated) at k = D·{ratio:g}: {peer}")
+            x, y, peer, peers = gs_vs_best(runs, metric, ratio)
+            _, sent = gs_budget(runs[f"gs @ {ratio:g}"], metric)
+            print(f"\nevery peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):")
+            for key, got in peers.items():
+                print(f"  {key}: {got.text()}")
+            print(f"best peer with a point within gs's wire bytes: {peer}")
             print(f"gs_vs_best P={args.simulated_ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}")
 
 

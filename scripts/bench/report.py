@@ -1,0 +1,474 @@
+"""The measured tables and figures of docs/benchmarks.md, docs/design.md and README.md,
+regenerated from the data files in docs/.
+
+    python scripts/bench/report.py            # rewrite every generated block
+    python scripts/bench/report.py --check    # exit 1, naming each block and a short diff, if any differs
+
+A generated block sits between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; what lies
+outside the markers is hand-written and left alone. A block on its own lines holds a table or
+lines; a block inside a line holds one number or phrase. :data:`BLOCKS` maps each name to the
+function that writes it from ``<root>/docs`` (``--root`` points at another copy of the repository,
+as the tests do). A name in a file with no function, or a function whose data file is missing,
+is an error; so is a block that the data no longer gives (``--check``).
+
+Comparisons at equal wire bytes take each peer at gs's whole cumulative wire bytes, interpolated
+between its evaluations (``bench_convergence.at_budget``); a peer whose evaluations do not reach
+that budget, or start beyond it, is written as such, never dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_convergence as conv  # noqa: E402
+
+ROOT = HERE.parents[1]
+FILES = ("docs/benchmarks.md", "docs/design.md", "README.md")
+MARKER = re.compile(r"<!-- report:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /report:(?P=name) -->", re.S)
+
+Block = Callable[[Path], str]
+BLOCKS: dict[str, Block] = {}
+
+
+def block(name: str) -> Callable[[Block], Block]:
+    """Registers the function that writes block ``name`` from the docs directory."""
+    def register(fn: Block) -> Block:
+        BLOCKS[name] = fn
+        return fn
+    return register
+
+
+def load(docs: Path, name: str):
+    return json.loads((docs / name).read_text())
+
+
+def printed(fn: Callable[[], object]) -> str:
+    """What ``fn`` prints, stripped."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fn()
+    return out.getvalue().strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# convergence (bench_convergence.py's records)
+
+def metric_of(runs: dict) -> str:
+    return "perplexity" if "perplexity" in next(iter(next(iter(runs.values())).values()))["history"][0] else "accuracy"
+
+
+def convergence_table(docs: Path, name: str) -> str:
+    runs = load(docs, name)
+    return conv.table(runs, metric_of(runs))
+
+
+def equal_bytes_table(docs: Path, name: str, ratios: tuple[float, ...]) -> str:
+    """Per k: gs's whole cumulative wire budget, gs's final metric, and each peer at that budget
+    (:func:`bench_convergence.at_budget`: interpolated, stopped short of it, or starting beyond
+    it), means over seeds."""
+    runs = load(docs, name)
+    metric = metric_of(runs)
+    peers = [k.rsplit(" @ ", 1)[0] for k in runs if k.rsplit(" @ ", 1)[0] not in ("gs", "dense")]
+    peers = list(dict.fromkeys(peers))
+    lines = ["| k/d | gs's budget (wire MB) | gs | " + " | ".join(peers) + " |",
+             "|---|---|---|" + "---|" * len(peers)]
+    for ratio in ratios:
+        last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+        at = conv.peers_at_budget(runs, metric, ratio)
+        cells = []
+        for p in peers:
+            key = next((k for k in at if k.rsplit(" @ ", 1)[0] == p), None)
+            cells.append(at[key].text() if key else "–")
+        lines.append(f"| 1/{round(1 / ratio)} | {sent:.3g} | **{last:.4g}** | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gs_vs_best_line(docs: Path, name: str, ranks: int, ratio: float = 0.001) -> str:
+    """The peers at gs's budget and the ``gs_vs_best`` line, as ``bench_convergence.py
+    --simulated-ranks P --plot-only`` prints them."""
+    runs = load(docs, name)
+    metric = metric_of(runs)
+    x, y, peer, peers = conv.gs_vs_best(runs, metric, ratio)
+    _, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    lines = [f"every peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):"]
+    lines += [f"  {key}: {got.text()}" for key, got in peers.items()]
+    lines += [f"best peer with a point within gs's wire bytes: {peer}",
+              f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"]
+    return "\n".join("    " + line for line in lines)
+
+
+for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
+                     "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
+                     "cnn_sim16": "convergence_cnn_sim16.json", "lm_sim16": "convergence_lm_sim16.json",
+                     "cnn_sim64": "convergence_cnn_sim64.json"}.items():
+    block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
+for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
+                     "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json"}.items():
+    block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, (0.01, 0.001)))
+for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
+                             ("lm_sim16", "convergence_lm_sim16.json", 16),
+                             ("cnn_sim64", "convergence_cnn_sim64.json", 64),
+                             ("cnn_sim4", "convergence_cnn_sim4.json", 4),
+                             ("cnn_sim16_before", "convergence_cnn_sim16_before_sparse.json", 16),
+                             ("cnn_sim64_before", "convergence_cnn_sim64_before_sparse.json", 64),
+                             ("lm_sim16_before", "convergence_lm_sim16_before_sparse.json", 16)):
+    block(f"{_name}.gs_vs_best")(lambda docs, f=_file, p=_ranks: gs_vs_best_line(docs, f, p))
+
+
+@block("sim_before.table")
+def sim_before_table(docs: Path) -> str:
+    """Final held-out accuracy and wire kB a step of the CNN at 4, 16 and 64 simulated ranks,
+    when ``auto`` chose between the allgather and the sketch (one seed each)."""
+    files = {4: "convergence_cnn_sim4.json", 16: "convergence_cnn_sim16_before_sparse.json",
+             64: "convergence_cnn_sim64_before_sparse.json"}
+    runs = {P: load(docs, f) for P, f in files.items()}
+    names = {"dense @ 1": "dense", "gs @ 0.001": "**GsSketch defaults**", "topk @ 0.001": "top-k allgather (global)",
+             "topk layer @ 0.001": "top-k allgather (per tensor)", "gtopk @ 0.001": "gTop-k (global)",
+             "gtopk layer @ 0.001": "gTop-k (per tensor)", "powersgd r1 @ 1": "PowerSGD r1"}
+    used = {4: " (allgather)", 16: " (sketch)", 64: " (sketch)"}
+    lines = ["| method | " + " | ".join(f"P = {P} | kB/step" for P in files) + " |",
+             "|---|" + "---|---|" * len(files)]
+    for key, text in names.items():
+        cells = []
+        for P, r in runs.items():
+            if key not in r:
+                cells += ["–", "–"]
+                continue
+            h = [s["history"][-1] for s in r[key].values()]
+            acc = sum(e["accuracy"] for e in h) / len(h)
+            kb = sum(e["wire_bytes_per_step"] for e in h) / len(h) / 1e3
+            cells += [f"{acc:.4f}" + (used[P] if key == "gs @ 0.001" else ""),
+                      f"{kb:,.1f}" if kb < 1000 else f"{kb:,.0f}"]
+        lines.append(f"| {text} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+@block("lm_sim16_before.table")
+def lm_sim16_before_table(docs: Path) -> str:
+    """The LM at 16 simulated ranks before the sparse exchange: final perplexity, wire kB a step,
+    and each method at gs's whole cumulative wire bytes (interpolated)."""
+    runs = load(docs, "convergence_lm_sim16_before_sparse.json")
+    last, sent = conv.gs_budget(runs["gs @ 0.001"], "perplexity")
+    at = conv.peers_at_budget(runs, "perplexity", 0.001)
+    names = {"dense @ 1": "dense", "gs @ 0.001": "**GsSketch defaults** (sketch)",
+             "topk @ 0.001": "top-k allgather (global)", "gtopk @ 0.001": "gTop-k (global)",
+             "powersgd r1 @ 1": "PowerSGD r1"}
+    lines = [f"| method | held-out perplexity after 60 steps | kB/step | at gs's {sent:.3g} MB |", "|---|---|---|---|"]
+    for key, text in names.items():
+        h = [s["history"][-1] for s in runs[key].values()]
+        ppl = sum(e["perplexity"] for e in h) / len(h)
+        kb = sum(e["wire_bytes_per_step"] for e in h) / len(h) / 1e3
+        there = f"{last:.4g}" if key == "gs @ 0.001" else at[key].text() if key in at else "–"
+        lines.append(f"| {text} | {ppl:.4g} | {kb:,.1f} | {there} |" if kb < 1000 else
+                     f"| {text} | {ppl:.4g} | {kb:,.0f} | {there} |")
+    return "\n".join(lines)
+
+
+@block("mlp_demo.table")
+def mlp_demo_table(docs: Path) -> str:
+    """The earlier digits-MLP matrix (``docs/convergence.json``): final and best held-out accuracy,
+    bytes a rank hands to collectives per step, seconds."""
+    runs = load(docs, "convergence.json")
+    lines = ["| method @ k/d | final accuracy | best accuracy | bytes/step/rank | seconds |", "|---|---|---|---|---|"]
+    for key, r in runs.items():
+        h = r["history"]
+        lines.append(f"| {key} | {h[-1]['accuracy']:.4f} | {max(e['accuracy'] for e in h):.4f} "
+                     f"| {h[-1]['bytes_per_step']:,.0f} | {r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+@block("sim_vs_real_P4")
+def sim_vs_real(docs: Path) -> str:
+    """Held-out accuracy after each epoch, real and simulated ranks, from
+    ``docs/sim_vs_real_mlp_P4_sparse.json``."""
+    d = load(docs, "sim_vs_real_mlp_P4_sparse.json")
+    real = [e["accuracy"] for e in d["horovodrun"]["history"]]
+    sim = [e["accuracy"] for e in d["simulated"]["history"]]
+    return (f"{', '.join(f'{a:.4f}' for a in real)} under horovodrun, "
+            f"{', '.join(f'{a:.4f}' for a in sim)} simulated")
+
+
+# ---------------------------------------------------------------------------------------------
+# bytes (bench_wire.py)
+
+WIRE_COLUMNS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
+
+
+def variant_name(v: str) -> str:
+    from gs_horovod.bench.variants import parse_variant, variant_label
+
+    return variant_label(*parse_variant(v))
+
+
+@block("wire.counted")
+def wire_counted(docs: Path) -> str:
+    """MB through the busiest rank per step for P = 2 … 1024 (payload per rank in the first row),
+    from ``docs/wire_counted.json``."""
+    d = load(docs, "wire_counted.json")
+    cols = [v for v in WIRE_COLUMNS if v in d["2"]]
+    lines = ["| P | " + " | ".join(variant_name(v) for v in cols) + " |", "|---|" + "---|" * len(cols),
+             "| payload | " + " | ".join(f"{d['2'][v][0] / 1e6:,.3f}" for v in cols) + " |"]
+    lines += [f"| {P} | " + " | ".join(f"{row[v][1] / 1e6:,.3f}" for v in cols) + " |" for P, row in d.items()]
+    return "\n".join(lines)
+
+
+def wire_measured(docs: Path, name: str) -> str:
+    d = load(docs, name)
+    lines = [f"P = {d['ranks']}, d = {d['d']:,}, ratio {d['ratio']}: bytes per rank per step, measured on rank 0 "
+             "(its meter) vs counted from the shape", "",
+             "| variant | payload measured | payload counted | wire measured | wire counted |", "|---|---|---|---|---|"]
+    for v, (pay, wire) in d["measured_rank0"].items():
+        pay_c, wire_c = d["counted"][v]
+        lines.append(f"| {variant_name(v)} | {pay:,.0f} | {pay_c:,.0f} | {wire:,.0f} | {wire_c:,.0f} |")
+    return "\n".join(lines)
+
+
+block("wire.P2")(lambda docs: wire_measured(docs, "wire_P2.json"))
+block("wire.P4")(lambda docs: wire_measured(docs, "wire_P4.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# compute (bench_sketch.py, bench_compute.py, bench_step.py)
+
+@block("kernels.table")
+def kernels(docs: Path) -> str:
+    import bench_sketch
+
+    rows = load(docs, "bench_sketch.json")
+    r = rows[0]
+    head = (f"backend {r['backend']}, {r['threads']} threads; r = {r['rows']}, cols = {r['cols'] / r['k']:.1f}·k, "
+            f"m = {r['candidates'] / r['k']:g}, L = {r['prefilter'] / r['k']:g}, P = {r['ranks']} ranks merged; "
+            "median seconds (GB/s = 4·D bytes / time)")
+    args = argparse.Namespace(backend=r["backend"], rows=r["rows"], width=r["cols"] / r["k"],
+                              candidates=r["candidates"], prefilter=r["prefilter"], ranks=r["ranks"], reps=0)
+    return "\n".join([head, *bench_sketch.table_lines(rows, args)[1:]])
+
+
+for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.full": "bench_compute.json",
+                     "compute.quick": "bench_compute_quick.json"}.items():
+    block(_name)(lambda docs, f=_file: __import__("bench_compute").table(load(docs, f)))
+
+
+@block("step.table")
+def step_table(docs: Path) -> str:
+    d = load(docs, "bench_step.json")
+    lines = [f"{d['ranks']} ranks, ratio {d['ratio']}, median of {d['steps']} steps (seconds per opt.step())", "",
+             "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in d["rows"].items():
+        lines.append(f"| {name} | {r['tensors']} | {r['params']:,} | {r['dense']:.4f} | {r['gs']:.4f} "
+                     f"| {r['gs'] / r['dense']:.1f} | {r['one float']:.4f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# shaped links and the cost model (bench_throughput.sh, cost_model.py)
+
+def throughput_tables(docs: Path, name: str) -> str:
+    """The steps/s tables and the links, as ``cost_model.py --validate`` prints them."""
+    import cost_model
+
+    links, cells, labels = cost_model.load(docs / name)
+    text = printed(lambda: cost_model.measured(cells, labels))
+    rows = [f"| {label} | {a * 1e6:.1f} | {b / 1e6:.1f} |" for label, (a, b) in links.items()]
+    return (text + "\n\nLinks (ping-pong between ranks 0 and 1, median over repeats):\n\n"
+            "| link | α (µs) | β (MB/s) |\n|---|---|---|\n" + "\n".join(rows))
+
+
+block("throughput.fair")(lambda docs: throughput_tables(docs, "throughput_fair.jsonl"))
+block("throughput.sparse")(lambda docs: throughput_tables(docs, "throughput_sparse.jsonl"))
+
+
+def validation(docs: Path, name: str) -> str:
+    """The prediction table and the ``max_rel_error`` line of ``cost_model.py --validate``."""
+    import cost_model
+
+    text = printed(lambda: cost_model.validate(docs / name))
+    start = text.index("Prediction (out-of-sample)")
+    return text[start:].strip()
+
+
+block("cost_model.validate")(lambda docs: validation(docs, "throughput_fair.jsonl"))
+
+
+@block("cost_model.max_rel_error")
+def max_rel_error(docs: Path) -> str:
+    import cost_model
+
+    return f"{printed(lambda: cost_model.validate(docs / 'throughput_fair.jsonl')).splitlines()[-1].split()[-1]}"
+
+
+@block("projection.table")
+def projection_table(docs: Path) -> str:
+    """gs-SGD's projected steps/s ÷ each variant's at P = 8, 64, 1024, and who it beats at every
+    P, from ``docs/projection.json`` (``cost_model.py --project --out``)."""
+    d = load(docs, "projection.json")
+    ranks = d["ranks"]
+    lines = []
+    for model, by_rate in d["table"].items():
+        for rate, by_variant in by_rate.items():
+            variants = list(by_variant)
+            gs, others = variants[0], variants[1:]
+            if not lines:
+                lines = ["| model | Gbit/s | P | gs steps/s | " + " | ".join(f"÷ {variant_name(v)}" for v in others)
+                         + " |", "|---|---|---|---|" + "---|" * len(others)]
+            for i, P in enumerate(ranks):
+                if P in (8, 64, 1024):
+                    mine = by_variant[gs][i]
+                    lines.append(f"| {model} | {float(rate):g} | {P} | {mine:.2f} | "
+                                 + " | ".join(f"{mine / by_variant[v][i]:.2f}" for v in others) + " |")
+    lines += ["", f"gs-SGD faster at every P = {ranks[0]} … {ranks[-1]}:"]
+    for model, by_rate in d["table"].items():
+        for rate, by_variant in by_rate.items():
+            variants = list(by_variant)
+            gs = variants[0]
+            wins = [variant_name(v) for v in variants[1:]
+                    if all(g > s for g, s in zip(by_variant[gs], by_variant[v]))]
+            lines.append(f"- {model} at {float(rate):g} Gbit/s: {', '.join(wins) or 'none'}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# delivered mass (bench_recovery.py's records)
+
+def recovery_sections(docs: Path) -> dict[str, str]:
+    """``bench_recovery.py --report docs/recovery.jsonl docs/recovery_curves.jsonl``'s printed
+    sections by heading."""
+    import bench_recovery
+
+    paths = [str(docs / "recovery.jsonl"), str(docs / "recovery_curves.jsonl")]
+    text = printed(lambda: bench_recovery.report(paths, None))
+    parts = re.split(r"^### (.+)$", text, flags=re.M)
+    return {parts[i].strip(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+
+
+block("recovery.shipped")(lambda docs: recovery_sections(docs)["Shipped gs global vs gTop-k"])
+block("recovery.pareto")(lambda docs: recovery_sections(docs)["digits MLP, ratio 0.01, P = 16"])
+
+
+@block("recovery.exchanges")
+def recovery_exchanges(docs: Path) -> str:
+    """The rows of ``docs/recovery_sparse.md``'s table that decide (the baselines over all weights,
+    PowerSGD, the defaults, the sparse exchange and the sketch at their shipped sizes)."""
+    import bench_recovery
+
+    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    table = bench_recovery.exchange_markdown(records).splitlines()
+    keep = ("top-k allgather (global)", "gTop-k (global)", "PowerSGD", "gs defaults (auto → allgather)",
+            "gs defaults (auto → sparse)", "gs sparse", "gs sketch")
+    rows = [line for line in table[4:] if line.startswith("| ") and line.split(" | ")[1] in keep]
+    return "\n".join(table[2:4] + rows)
+
+
+def is_default_sketch(r: dict) -> bool:
+    """A record of the sketch at its shipped sizes (3 × 2k float16, k candidates, its top k applied)."""
+    return "rows" in r and r["exchange"] == "sketch" and r.get("label", "").startswith("r3 w2 m1 L1 f16 topk")
+
+
+@block("recovery.exchange_before")
+def recovery_exchange_before(docs: Path) -> str:
+    """Mass, wire kB a step and loss after 20 steps per P of ``docs/recovery_exchange.jsonl``:
+    the defaults then, the sketch at larger sizes, and the peers."""
+    records = [json.loads(line) for line in (docs / "recovery_exchange.jsonl").read_text().splitlines() if line.strip()]
+    lines = ["| P | method | mass | kB / step | loss after 20 steps |", "|---|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r["P"], r["wire"] or 0)):
+        if "rows" in r:
+            name = f"gs {r['exchange']} {' '.join(r['label'].split()[:-2])}, apply {r['apply']}"
+            if not (is_default_sketch(r) or (r["exchange"] == "sketch" and " m4 " in r["label"] and r["apply"] == "all")
+                    or r["exchange"] == "allgather"):
+                continue
+            name += " (**the defaults then**)" if is_default_sketch(r) and r["P"] > 4 else ""
+        elif r["method"] in ("gTop-k (global)", "top-k allgather (global)", "PowerSGD r4"):
+            name = r["method"] + (" (**the defaults then**: auto → allgather)" if r["method"].startswith("top-k")
+                                  and r["P"] <= 4 else "")
+        else:
+            continue
+        mass = f"({r['mass']:.2f})" if r["method"].startswith("PowerSGD") else f"{r['mass']:.3f}"
+        lines.append(f"| {r['P']} | {name} | {mass} | {r['wire'] / 1e3:.1f} | {r['loss'][-1]:.3f} |")
+    return "\n".join(lines)
+
+
+@block("recovery.gtopk_over_sketch")
+def gtopk_over_sketch(docs: Path) -> str:
+    """gTop-k (global)'s delivered mass over the default sketch's, and its wire bytes over the
+    sketch's, at each P of ``docs/recovery_exchange.jsonl``."""
+    records = [json.loads(line) for line in (docs / "recovery_exchange.jsonl").read_text().splitlines() if line.strip()]
+    parts = []
+    for P in sorted({r["P"] for r in records}):
+        at = [r for r in records if r["P"] == P]
+        peer = next((r for r in at if r["method"] == "gTop-k (global)"), None)
+        sketch = next((r for r in at if is_default_sketch(r)), None)
+        if peer and sketch:
+            parts.append(f"{peer['mass'] / sketch['mass']:.1f}× at P = {P} (sending "
+                         f"{peer['wire'] / sketch['wire']:.2f}× the sketch's wire bytes)")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+
+def render(text: str, docs: Path, errors: list[str], path: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """``text`` with every block rewritten; the (name, old, new) of those that changed."""
+    changed = []
+
+    def one(m: re.Match) -> str:
+        name, body = m["name"], m["body"]
+        if name not in BLOCKS:
+            errors.append(f"{path}: block '{name}' has no generator in scripts/bench/report.py")
+            return m[0]
+        try:
+            new = BLOCKS[name](docs).strip("\n").rstrip()
+        except (OSError, KeyError, ValueError, ImportError) as e:
+            errors.append(f"{path}: block '{name}': {type(e).__name__}: {e}")
+            return m[0]
+        new = f"\n{new}\n" if body.startswith("\n") else new
+        if new != body:
+            changed.append((name, body, new))
+        return f"<!-- report:{name} -->{new}<!-- /report:{name} -->"
+
+    return MARKER.sub(one, text), changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if any block differs")
+    p.add_argument("--root", type=Path, default=ROOT, help="the repository copy to read docs/ and README.md from")
+    args = p.parse_args(argv)
+    docs = args.root / "docs"
+    errors: list[str] = []
+    stale = 0
+    for rel in FILES:
+        path = args.root / rel
+        if not path.exists():
+            continue
+        text = path.read_text()
+        new, changed = render(text, docs, errors, rel)
+        for name, old, fresh in changed:
+            stale += 1
+            print(f"{rel}: block '{name}' differs from what its data gives")
+            diff = list(difflib.unified_diff(old.strip().splitlines(), fresh.strip().splitlines(), "in the file",
+                                             "from the data", lineterm="", n=0))
+            print("\n".join(diff[:24]) + ("\n  ..." if len(diff) > 24 else ""))
+        if changed and not args.check:
+            path.write_text(new)
+    for e in errors:
+        print(e)
+    if args.check:
+        print(f"report: {stale} stale block(s), {len(errors)} error(s)")
+    else:
+        print(f"report: {stale} block(s) rewritten, {len(errors)} error(s)")
+    return 1 if errors or (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

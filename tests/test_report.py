@@ -1,0 +1,108 @@
+"""``scripts/bench/report.py``: the docs' generated blocks match their data files, a changed data
+file makes ``--check`` fail until the blocks are rewritten; and ``bench_convergence.gs_vs_best``
+picks and interpolates on hand-made curves."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+
+import bench_convergence as conv  # noqa: E402
+import report  # noqa: E402
+
+
+def test_docs_match_their_data(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every generated block in docs/benchmarks.md, docs/design.md and README.md is what its data
+    file gives, and every block name has a generator."""
+    assert report.main(["--check"]) == 0, capsys.readouterr().out
+    text = "".join((ROOT / f).read_text() for f in report.FILES if (ROOT / f).exists())
+    assert len(report.MARKER.findall(text)) >= 30
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """A copy of the docs and the README to change data in."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    return tmp_path
+
+
+def test_a_changed_data_file_fails_the_check(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One seed's final accuracy changed in docs/convergence_cnn_sim16.json: ``--check`` exits 1
+    and names the blocks made from it (the table and the gs_vs_best lines); a rewrite brings the
+    new figure into the doc and the check passes again."""
+    data = copy / "docs" / "convergence_cnn_sim16.json"
+    runs = json.loads(data.read_text())
+    runs["gs @ 0.001"]["0"]["history"][-1]["accuracy"] = 0.25
+    data.write_text(json.dumps(runs))
+    assert report.main(["--check", "--root", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "block 'cnn_sim16.table' differs" in out and "block 'cnn_sim16.gs_vs_best' differs" in out
+    assert "block 'cnn.table'" not in out
+    assert report.main(["--root", str(copy)]) == 0
+    assert report.main(["--check", "--root", str(copy)]) == 0
+    mean = (0.25 + sum(r["history"][-1]["accuracy"] for s, r in runs["gs @ 0.001"].items() if s != "0")) / 3
+    assert f"| gs @ 0.001 | 3 | {mean:.4f}" in (copy / "docs" / "design.md").read_text()
+
+
+def test_a_block_without_a_generator_or_data_is_an_error(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    design = copy / "docs" / "design.md"
+    design.write_text(design.read_text() + "\n<!-- report:no.such.block -->x<!-- /report:no.such.block -->\n")
+    (copy / "docs" / "projection.json").unlink()
+    assert report.main(["--check", "--root", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "block 'no.such.block' has no generator" in out
+    assert "block 'projection.table': FileNotFoundError" in out
+
+
+def run(wire_per_step: float, values: list[float], metric: str = "accuracy", steps: int = 10) -> dict:
+    """One run's record as the training scripts write it: an evaluation every ``steps`` steps,
+    ``wire_per_step`` bytes a step, so evaluation i has sent (i + 1)·steps·wire_per_step bytes."""
+    return {"history": [{"epoch": i + 1, "steps": steps, "wire_bytes_per_step": wire_per_step, metric: v}
+                        for i, v in enumerate(values)]}
+
+
+def test_gs_vs_best_interpolates_at_gs_budget_and_reports_every_peer() -> None:
+    """gs sends 1 and 2 MB (its budget: 2 MB). gTop-k sends 1.5 and 3 MB: interpolated at 2 MB,
+    0.4 + (0.5 / 1.5)·0.3 = 0.5 (its last evaluation within, 0.4, would understate it); two
+    seeds average. PowerSGD sends 0.5 and 1 MB: stopped short, its last evaluation 0.58 at 1 MB.
+    top-k allgather's first evaluation sends 3 MB: reported as starting beyond, not picked,
+    though its accuracy is the highest. The pick is PowerSGD (0.58 > 0.5)."""
+    runs = {
+        "dense @ 1": {"0": run(1e6, [0.99, 0.99])},
+        "gs @ 0.001": {"0": run(1e5, [0.5, 0.6])},
+        "gtopk @ 0.001": {"0": run(1.5e5, [0.4, 0.7]), "1": run(1.5e5, [0.3, 0.9])},
+        "powersgd r1 @ 1": {"0": run(5e4, [0.55, 0.58])},
+        "topk @ 0.001": {"0": run(3e5, [0.9, 0.95])},
+        "gtopk @ 0.01": {"0": run(1e4, [0.99, 0.99])},  # another k: not a peer
+    }
+    x, y, peer, peers = conv.gs_vs_best(runs, "accuracy", 0.001)
+    assert set(peers) == {"gtopk @ 0.001", "powersgd r1 @ 1", "topk @ 0.001"}
+    gtopk = peers["gtopk @ 0.001"]
+    assert gtopk.status == "interpolated" and gtopk.mb == pytest.approx(2.0)
+    assert gtopk.value == pytest.approx(((0.4 + 0.1) + (0.3 + 0.2)) / 2)
+    assert peers["powersgd r1 @ 1"] == conv.AtBudget("stopped short", 0.58, pytest.approx(1.0))
+    assert peers["topk @ 0.001"].status == "starts beyond" and peers["topk @ 0.001"].mb == pytest.approx(3.0)
+    assert "first evaluation at 3 MB" in peers["topk @ 0.001"].text()
+    assert peer == "powersgd r1 @ 1"
+    assert x == pytest.approx(0.6 / 0.58) and y == pytest.approx(2.0)
+
+
+def test_gs_vs_best_perplexity_picks_the_lowest_and_refuses_when_no_peer_reaches_the_budget() -> None:
+    runs = {"gs @ 0.01": {"0": run(1e5, [50.0, 40.0], "perplexity")},
+            "topk @ 0.01": {"0": run(1e5, [30.0, 20.0], "perplexity")},
+            "gtopk @ 0.01": {"0": run(2e5, [35.0, 10.0], "perplexity")}}
+    x, y, peer, peers = conv.gs_vs_best(runs, "perplexity", 0.01)
+    # topk at 2 MB: 20; gtopk at 2 MB: its first evaluation, 35
+    assert peer == "topk @ 0.01" and x == pytest.approx(40.0 / 20.0) and y == pytest.approx(1.0)
+    assert peers["gtopk @ 0.01"].value == pytest.approx(35.0)
+    far = {"gs @ 0.01": runs["gs @ 0.01"], "gtopk @ 0.01": {"0": run(1e6, [35.0, 10.0], "perplexity")}}
+    with pytest.raises(ValueError, match="gtopk @ 0.01 n/a"):
+        conv.gs_vs_best(far, "perplexity", 0.01)
