@@ -199,6 +199,36 @@ def sim_vs_real(docs: Path) -> str:
             f"{', '.join(f'{a:.4f}' for a in sim)} simulated")
 
 
+def run_figure(docs: Path, name: str) -> str:
+    """An inline figure of a convergence record, named ``WHAT.FILE.METHOD.K``: FILE the record's
+    stem after ``convergence_`` (``cnn``, ``lm_ddp4``, ...), METHOD its label with ``-`` for spaces,
+    K the ratio (``1`` for methods without one); WHAT is ``final`` (the final metric, mean over
+    seeds), ``kb`` (wire kB a step through the busiest rank) or ``at_gs`` (the method at gs's whole
+    cumulative wire bytes at that K, :func:`bench_convergence.at_budget`; for a method without a
+    ratio K is ``1-vs-GSK``, gs's ratio)."""
+    what, stem, method, ratio = name.split(".", 3)
+    ratio, _, gs_ratio = ratio.partition("-vs-")
+    runs = load(docs, f"convergence_{stem}.json")
+    metric = metric_of(runs)
+    key = f"{method.replace('-', ' ')} @ {ratio}"
+    seeds = runs[key]
+    if what == "final":
+        return f"{conv.final(seeds, metric):.4g}"
+    if what == "kb":
+        return f"{sum(r['history'][-1]['wire_bytes_per_step'] for r in seeds.values()) / len(seeds) / 1e3:.1f}"
+    _, sent = conv.gs_budget(runs[f"gs @ {gs_ratio or ratio}"], metric)
+    return conv.at_budget(seeds, metric, sent).text()
+
+
+def generator(name: str) -> Block | None:
+    """The function that writes block ``name``: a registered one, or a :func:`run_figure`."""
+    if name in BLOCKS:
+        return BLOCKS[name]
+    if name.split(".", 1)[0] in ("final", "kb", "at_gs") and name.count(".") >= 3:
+        return lambda docs: run_figure(docs, name)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # bytes (bench_wire.py)
 
@@ -423,11 +453,12 @@ def render(text: str, docs: Path, errors: list[str], path: str) -> tuple[str, li
 
     def one(m: re.Match) -> str:
         name, body = m["name"], m["body"]
-        if name not in BLOCKS:
+        make = generator(name)
+        if make is None:
             errors.append(f"{path}: block '{name}' has no generator in scripts/bench/report.py")
             return m[0]
         try:
-            new = BLOCKS[name](docs).strip("\n").rstrip()
+            new = make(docs).strip("\n").rstrip()
         except (OSError, KeyError, ValueError, ImportError) as e:
             errors.append(f"{path}: block '{name}': {type(e).__name__}: {e}")
             return m[0]
