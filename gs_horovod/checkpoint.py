@@ -1,5 +1,8 @@
-"""The checkpoint protocol of both compressors: one rank's state, and the state of all ranks
-gathered on rank 0 (``state_dict``) and scattered back from it (``load_state_dict``)."""
+"""The checkpoint protocol of every adapter (GsSketch for torch and TF, the DDP GsState): one
+rank's state (``local_state_dict``), and the state of all ranks gathered on rank 0
+(``state_dict``, a collective that raises rather than hangs when called on some ranks only)
+and handed back from it (``load_state_dict``, called on rank 0 alone or on every rank: rank 0
+keeps the state, and the next step's flags start a scatter every rank joins)."""
 
 from __future__ import annotations
 
@@ -41,9 +44,6 @@ def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
 
 
 def _check_gathered(state: Any, size: int) -> str:
-    if state is None:
-        return ("GsSketch.load_state_dict: rank 0 passed None; it must pass what state_dict() returned on "
-                "rank 0 (the other ranks pass None)")
     if not isinstance(state, dict) or state.get("format") != GATHERED:
         if isinstance(state, dict) and "options" in state:
             return ("GsSketch.load_state_dict: this is one rank's state (local_state_dict()); load it with "
@@ -63,17 +63,24 @@ def gather_state(local: dict[str, Any], exchange: Exchange, rank: int, size: int
             "ranks": [pickle.loads(part) for part in received]}
 
 
-def scatter_state(state: Any, exchange: Exchange, rank: int, size: int, options: dict[str, Any]) -> dict[str, Any]:
-    """Collective: rank 0's gathered ``state`` split back into each rank's own part, checked on
-    every rank against its options and the world size. A problem anywhere raises the same
-    ValueError on every rank (no rank is left waiting in a collective)."""
+def scatter_state(state: Any, exchange: Exchange, rank: int, size: int,
+                  options: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """Collective: rank 0's gathered ``state`` split back into each rank's own part (None on
+    every rank when rank 0 passes None: nothing to restore), checked on every rank against its
+    options and the world size. A problem anywhere raises the same ValueError on every rank
+    (no rank is left waiting in a collective)."""
     if rank == 0:
-        error = _check_gathered(state, size)
-        parts = [("error", error)] * size if error else [("ok", part) for part in state["ranks"]]
+        error = "" if state is None else _check_gathered(state, size)
+        if error:
+            parts = [("error", error)] * size
+        else:
+            parts = [("none", None)] * size if state is None else [("ok", part) for part in state["ranks"]]
         out = [pickle.dumps(part) for part in parts]
     else:
         out = [b""] * size
     kind, part = pickle.loads(exchange(out)[0])
+    if kind == "none":
+        return None
     error = part if kind == "error" else check_local_state(part, options, size)
     errors = [pickle.loads(e) for e in exchange([pickle.dumps(error)] * size)]
     failed = [r for r, e in enumerate(errors) if e]
@@ -84,11 +91,34 @@ def scatter_state(state: Any, exchange: Exchange, rank: int, size: int, options:
     return part
 
 
+RESTORE = 1.0
+"""What rank 0 adds to a step's flags while it holds a state to restore (:meth:`CheckpointApi.load_state_dict`)."""
+ABORT = 65536.0
+"""What a rank adds to a step's flags once it is out of step (a checkpoint call of its timed
+out), and what every rank adds to the arrival check of ``state_dict()``: a step's flags of ABORT
+or more raise on every rank, an arrival check that sums to less than P·ABORT met a step."""
+DEFAULT_TIMEOUT = 60.0
+"""Seconds ``state_dict()`` waits for every rank (Horovod warns of a stalled collective at 60 s)."""
+
+
 class CheckpointApi:
     """``state_dict`` / ``load_state_dict`` / ``load_local_state_dict``, written once for every
     adapter. A subclass provides ``local_state_dict()``, ``_load(state)`` (takes one rank's
-    state), ``_options()`` (what must match on load), ``_rank()``, ``_size()`` and
-    ``_exchange`` (an :data:`Exchange` over its ranks)."""
+    state), ``_options()`` (what must match on load), ``_rank()``, ``_size()``, ``_exchange``
+    (an :data:`Exchange` over its ranks) and ``_arrive(value, name, timeout)`` (a sum over
+    ranks of one float, or None when not every rank joined within ``timeout`` seconds); each
+    of its steps sums :meth:`step_flag` over ranks before it computes and calls :meth:`agree`
+    (a restore rides on that), and ``_flag_changed()`` tells it when the flag did.
+
+    ``checkpoint_timeout``: seconds ``state_dict()`` (a collective) waits for every rank before
+    it raises on the ranks that called it. ``save_idiom``: the save line its errors show.
+    """
+
+    checkpoint_timeout: float = DEFAULT_TIMEOUT
+    save_idiom = "gs_state = compression.state_dict()"
+    _to_restore: Optional[dict[str, Any]] = None  # rank 0: what load_state_dict took, for the next step
+    _out_of_step = ""  # why this rank's collectives no longer match the others' ("" while they do)
+    _arrivals = 0  # state_dict() calls on this rank: names each arrival check
 
     def local_state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -108,19 +138,83 @@ class CheckpointApi:
     def _exchange(self, out: list[bytes]) -> list[bytes]:
         raise NotImplementedError
 
+    def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
+        raise NotImplementedError
+
+    def _all_arrive(self, method: str) -> None:
+        """Raises RuntimeError on this rank unless every rank called ``method`` (a collective)
+        at the same point within ``checkpoint_timeout``; after that this rank is out of step,
+        and its next gs-SGD step raises on every rank (:meth:`agree`)."""
+        if self._out_of_step:
+            raise RuntimeError(self._out_of_step)
+        self._arrivals += 1
+        size, timeout = self._size(), self.checkpoint_timeout
+        total = self._arrive(ABORT, f"gs_horovod.{method}.{self._arrivals}", timeout)
+        if total is not None and total == size * ABORT:
+            return
+        owner = type(self).__name__
+        seen = (f"not every rank called it within checkpoint_timeout={timeout:g} s" if total is None
+                else "the other ranks were in a gs-SGD step")
+        self._out_of_step = (
+            f"{owner}.{method}() is a collective: every rank calls it at the same point, but {seen}. Save as\n"
+            f"    {self.save_idiom}   # on every rank; rank 0 gets every rank's state, the others None\n"
+            "    if rank == 0:\n        save it with the model\n"
+            "and load with load_state_dict() on rank 0 alone (or on every rank, the others passing None). "
+            "If every rank calls it and one was only late, raise checkpoint_timeout. This rank is now out of "
+            "step with the others: the next gs-SGD step raises on every rank.")
+        self._flag_changed()
+        raise RuntimeError(self._out_of_step)
+
     def state_dict(self) -> Optional[dict[str, Any]]:
         """Collective (call it on every rank, at the same point; eagerly under TF): the state of
         ALL ranks, gathered on rank 0, which saves it as the framework's examples save the model;
         None on the other ranks. ``{"format", "world_size", "options", "ranks": [local_state_dict()
-        of rank 0, 1, ...]}``."""
+        of rank 0, 1, ...]}``. Called on some ranks only (``if rank == 0: save(gs.state_dict())``),
+        it raises RuntimeError on them within ``checkpoint_timeout`` seconds (at once where the
+        others' next step meets it), showing the idiom, and the next step raises on every rank."""
+        self._all_arrive("state_dict")
         return gather_state(self.local_state_dict(), self._exchange, self._rank(), self._size())
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
-        """Collective (every rank): rank 0 passes what :meth:`state_dict` returned (loaded from
-        its file), the other ranks None (what they pass is not read); each rank gets its own
-        residuals back, now or when its state is first created. A state of another world size
-        or other options raises ValueError on every rank."""
-        self._load(scatter_state(state, self._exchange, self._rank(), self._size(), self._options()))
+        """Not collective: call it on rank 0 alone, as Horovod's examples load a checkpoint, or
+        on every rank (what the other ranks pass is not read). Rank 0 passes what
+        :meth:`state_dict` returned (None: nothing to restore), checks it now (ValueError naming
+        what differs: world size, options) and keeps it; at the next gs-SGD step every rank gets
+        its own residuals back from rank 0 before the step computes: a flag in the step's first
+        agreement, then one scatter. The run then continues bitwise as the one that saved it."""
+        if self._rank() == 0:
+            error = "" if state is None else _check_gathered(state, self._size())
+            if not error and state is not None:
+                diff = options_difference(state["options"], self._options())
+                error = f"GsSketch state was saved with different options: {diff}" if diff else ""
+            if error:
+                raise ValueError(error)
+            self._to_restore = state
+            self._flag_changed()
+
+    def _flag_changed(self) -> None:
+        """Called when :meth:`step_flag` may have changed (TF keeps it in a variable)."""
+
+    def step_flag(self) -> float:
+        """What this rank adds to a step's flags (summed over ranks into :meth:`agree`)."""
+        if self._out_of_step:
+            return ABORT
+        return RESTORE if self._to_restore is not None else 0.0
+
+    def agree(self, flags: float) -> None:
+        """At the start of a step, with the sum over ranks of :meth:`step_flag` (the same on every
+        rank): raises on every rank if one is out of step; restores rank 0's loaded state on every
+        rank if it holds one (a collective every rank joins alike)."""
+        if flags >= ABORT / 2:
+            raise RuntimeError(self._out_of_step or (
+                f"{type(self).__name__}: another rank called state_dict() alone and is out of step with this one "
+                "(state_dict() is a collective: call it on every rank at the same point)"))
+        if flags >= RESTORE / 2:
+            state, self._to_restore = self._to_restore, None
+            self._flag_changed()
+            part = scatter_state(state, self._exchange, self._rank(), self._size(), self._options())
+            if part is not None:
+                self._load(part)
 
     def load_local_state_dict(self, state: dict[str, Any]) -> None:
         """Not collective: restores what ``local_state_dict`` saved on this rank. The options and

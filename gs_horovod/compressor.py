@@ -235,6 +235,9 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     merge and the exact round as :func:`gs_horovod.mpi.tree_allreduce` over ``comm`` (default:
     MPI's world, which must be Horovod's); it needs Horovod's MPI controller with
     MPI_THREAD_MULTIPLE, and ``merge_stats`` counts its traffic.
+
+    checkpoint_timeout: seconds ``state_dict()`` waits for every rank (default 60) before it
+    raises on the ranks that called it (:class:`~gs_horovod.checkpoint.CheckpointApi`).
     """
 
     _hvd: Any

@@ -77,6 +77,15 @@ class _Counters:
             self.values[name].assign_add(tf.cast(amount, tf.int64))
 
 
+class _Flag:
+    """This rank's step flag (:meth:`~gs_horovod.checkpoint.CheckpointApi.step_flag`) as a
+    float32 variable that every traced step reads. A plain object: not state to checkpoint."""
+
+    def __init__(self) -> None:
+        with tf.init_scope():
+            self.value = tf.Variable(0.0, trainable=False, name="step_flag")
+
+
 @dataclass(frozen=True)
 class _Ctx:
     step: _StepState
@@ -115,6 +124,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict
         self._counters = _Counters()
         self._restored = _Restored()  # load_state_dict contents for states not created yet
+        self._flag = _Flag()
 
     def _make_ops(self) -> TfOps:
         return TfOps()
@@ -175,8 +185,10 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     def reset(self) -> None:
         """Zeroes every residual, momentum and step count (eagerly) and drops loaded state not
         yet used: the variables stay, as Horovod's traced step holds them. Call it from a
-        Horovod elastic reset callback."""
+        Horovod elastic reset callback. A state loaded but not yet restored is dropped."""
         self._restored = _Restored()
+        self._to_restore, self._out_of_step = None, ""
+        self._flag_changed()
         for st in self.states.values():
             st.residual.assign(tf.zeros_like(st.residual))
             if st.momentum is not None:
@@ -222,13 +234,17 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key)
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
-        warm = step.steps < cfg.warmup_steps  # read before the step assigns it
-        engine = GsSgd(cfg, ops, comm)
-        flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
-        residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
-        momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-        result = engine.step(layout, [flat[n] for n in layout.names], residual, momentum, step.steps,
-                             tf.logical_not(step.checked), [flat[n] for n in layout.dense_names])
+        flags = comm.allreduce_sum(tf.reshape(self._flag.value, [1]), f"gs_horovod.flags.{key}")[0]
+        agreed = tf.cond(flags > 0, lambda: tf.py_function(self._agree_eagerly, [flags], tf.bool),
+                         lambda: tf.constant(True))
+        with tf.control_dependencies([agreed]):  # a restore (eager, inside py_function) precedes every read
+            warm = step.steps < cfg.warmup_steps  # read before the step assigns it
+            engine = GsSgd(cfg, ops, comm)
+            flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
+            residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
+            momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
+            result = engine.step(layout, [flat[n] for n in layout.names], residual, momentum, step.steps,
+                                 tf.logical_not(step.checked), [flat[n] for n in layout.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)
         step.steps.assign(result.steps)
@@ -244,6 +260,14 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                            steps=1, skipped=1 - tf.cast(result.applied, tf.int64))
         return {id(named[n]): _Ctx(step, o, named[n].shape, named[n].dtype)
                 for n, o in zip(layout.all_names, layout.all_offsets)}
+
+    def _agree_eagerly(self, flags: tf.Tensor) -> bool:
+        """:meth:`~gs_horovod.checkpoint.CheckpointApi.agree`, run eagerly from the traced step."""
+        self.agree(float(flags.numpy()))
+        return True
+
+    def _flag_changed(self) -> None:
+        self._flag.value.assign(self.step_flag())
 
     def _state(self, name: str, d: int) -> _VariableState:
         st = self.states.get(name)

@@ -84,6 +84,7 @@ class GsSketch(GsSketchBase, Compressor):
     allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
 
     _hvd = hvd
+    save_idiom = "gs_state = compression.state_dict()"
     stats = DefaultInstanceAttribute()
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
@@ -107,23 +108,29 @@ class GsSketch(GsSketchBase, Compressor):
 
     @DefaultInstanceMethod
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
-        """Returns (payload, ctx): for a float tensor one zero float (the gradient is recorded;
-        the real exchange happens at the step's first decompress: sketched from ``min_size``
-        elements on, sent exactly below it); for a sparse or non-float tensor the tensor itself
-        with ctx None."""
+        """Returns (payload, ctx): for a float tensor one float, this rank's step flag
+        (:meth:`~gs_horovod.checkpoint.CheckpointApi.step_flag`: 0, or a restore or abort
+        request; the gradient is recorded, and the real exchange happens at the step's first
+        decompress: sketched from ``min_size`` elements on, sent exactly below it); for a sparse
+        or non-float tensor the tensor itself with ctx None."""
         if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         state, name = self._state_of(tensor)
         state.record(name, tensor.detach().reshape(-1).float())
-        return tensor.new_zeros(1, dtype=torch.float32), _Ctx(state, name, tensor.shape, tensor.dtype)
+        flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
+        return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 
     @DefaultInstanceMethod
     def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
         """Returns a tensor of the gradient's shape, dtype and device: the step's update of
-        this parameter (its exact mean below ``min_size``)."""
+        this parameter (its exact mean below ``min_size``). The step's first decompress reads
+        the flags Horovod merged (a rank-0 restore runs here, before the step)."""
         if ctx is None:
             return tensor
+        if ctx.state.updates is None:  # the step's first decompress: its flags arrived (CheckpointApi.agree)
+            comm = ctx.state.engine.comm
+            self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))
         return ctx.state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
 
     @DefaultInstanceMethod
@@ -141,10 +148,11 @@ class GsSketch(GsSketchBase, Compressor):
     def reset(self) -> None:
         """Forgets all per-parameter state (residuals, momentum, steps) and communicators.
         Call it from a Horovod elastic reset callback: residuals built for the old set of
-        ranks do not belong to the new one."""
+        ranks do not belong to the new one. A state loaded but not yet restored is dropped."""
         self._states.clear()
         self._restored.clear()
         self._comms = None
+        self._to_restore, self._out_of_step = None, ""
 
     def _load(self, state: dict[str, Any]) -> None:
         self._restored = dict(state["tensors"])

@@ -4,7 +4,8 @@ torch and TensorFlow; one JSON per rank.
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py OUT_DIR {torch,tf} [OTHER_CKPT]
 
 - the Horovod way: every rank calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint.pt``
-  (a pickle); fresh objects, rank 0 reads it, every rank calls ``load_state_dict``;
+  (a pickle); fresh objects, rank 0 reads it, every rank calls ``load_state_dict`` (rank 0
+  with the state, the others None; rank 0 alone: tests/workers/idioms.py);
 - one file per rank: ``local_state_dict()`` / ``load_local_state_dict()``, and ``reset()``;
 - the class form ``compression=GsSketch`` against an instance.
 OTHER_CKPT: a checkpoint written by a run with another number of ranks (its GsSketch state
@@ -141,7 +142,8 @@ class TfTrainer:
 
 
 def load_gs(gs: Any, ckpt: dict | None) -> str | None:
-    """``gs.load_state_dict`` as every rank calls it; the error text, if any."""
+    """``gs.load_state_dict`` as every rank calls it; the error text, if any (rank 0 checks
+    what it holds at once; the others pass None and have nothing to check)."""
     try:
         gs.load_state_dict(ckpt["gs"] if ckpt is not None else None)
     except ValueError as e:
@@ -165,7 +167,8 @@ def summary(trainer: type, local: dict) -> dict:
 
 def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> None:
     """2N steps straight vs N steps, saved by rank 0 only, fresh objects, N more steps."""
-    straight = trainer(9, GsSketch(**OPTIONS))
+    straight_gs = GsSketch(**OPTIONS)
+    straight = trainer(9, straight_gs)
     straight.train(range(2 * N))
     result["straight"] = straight.digest()
 
@@ -177,7 +180,6 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> 
     if hvd.rank() == 0:
         with open(path, "wb") as f:
             pickle.dump({**first.weights(), "gs": gs_state}, f)
-    own = trainer.residuals(gs.local_state_dict())
 
     # a fresh process would start here: new objects, only rank 0 reads the file
     hvd.broadcast_object(0, root_rank=0, name="file_written")  # the file is complete before anyone reads it
@@ -185,11 +187,11 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> 
     gs = GsSketch(**OPTIONS)
     fresh = trainer(123, gs, ckpt, from_rank0=True)  # other weights: everything must come from the file
     result["load_error"] = load_gs(gs, ckpt)
-    restored = trainer.residuals(gs.local_state_dict())
-    result["own_residuals_back"] = sorted(restored) == sorted(own) and all(
-        np.array_equal(restored[n], r) for n, r in own.items())
-    fresh.train(range(N, 2 * N))
+    fresh.train(range(N, 2 * N))  # the first step restores every rank's residuals from rank 0
     result["resumed"] = fresh.digest()
+    own, resumed = trainer.residuals(straight_gs.local_state_dict()), trainer.residuals(gs.local_state_dict())
+    result["own_residuals_back"] = sorted(resumed) == sorted(own) and all(
+        np.array_equal(resumed[n], r) for n, r in own.items())
 
     # the old mistake, for contrast: rank 0's residuals loaded on every rank
     part0 = hvd.broadcast_object(ckpt["gs"]["ranks"][0] if ckpt is not None else None, root_rank=0, name="part0")
@@ -256,9 +258,10 @@ def class_form(result: dict, GsSketch: type, trainer: type) -> None:
         gs.reset()
         after = summary(trainer, gs.local_state_dict())
         result[f"{form}_after_reset"] = sum(v for k, v in after.items() if k != "steps") + sum(after["steps"])
-        gs.load_state_dict(state)
-        result[f"{form}_reloaded"] = summary(trainer, gs.local_state_dict())
         gs.load_local_state_dict(local)
+        result[f"{form}_reloaded"] = summary(trainer, gs.local_state_dict())
+        gs.load_state_dict(state)  # rank 0 keeps it for the next step
+        gs.reset()  # which this drops
 
 
 def main(out_dir: str, framework: str, other: str | None = None) -> None:

@@ -1,0 +1,93 @@
+"""The checkpoint idioms users already write (Horovod's examples; PowerSGDState's constructor),
+on real ranks: horovodrun (torch) and torchrun (DDP) at 2 and 3 ranks, one job each
+(tests/workers/idioms.py). Rank 0 alone loading a checkpoint resumes bitwise; rank 0 alone
+saving raises within ``checkpoint_timeout`` on rank 0 and at the next step on every rank; a
+rank killed mid-step under torchrun takes the job down with an error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, WORKERS, horovodrun, rank_env, torchrun, torchrun_command
+
+from gs_horovod.checkpoint import DEFAULT_TIMEOUT
+
+TIMEOUT = 5.0  # tests/workers/idioms.py's checkpoint_timeout for the rank-0-only save
+JOBS = [("horovod", 2, "sparse"), ("horovod", 3, "sketch"), ("tf", 2, "sparse"), ("ddp", 2, "sketch"),
+        ("ddp", 3, "sparse")]
+
+
+@pytest.fixture(scope="module", params=JOBS, ids=[f"{launcher}-{size}-{exchange}" for launcher, size, exchange in JOBS])
+def job(request, tmp_path_factory):
+    launcher, size, exchange = request.param
+    out = tmp_path_factory.mktemp(f"{launcher}{size}")
+    if launcher in ("horovod", "tf"):
+        return launcher, horovodrun("idioms.py", size, "gloo", out, launcher, exchange, timeout=420)
+    return launcher, torchrun("idioms.py", size, out, "ddp", exchange, timeout=300)
+
+
+def test_rank0_alone_loads_and_the_run_resumes_bitwise(job):
+    _, ranks = job
+    straight = {r["straight"] for r in ranks}
+    assert len(straight) == 1
+    for r in ranks:
+        assert r["rank0_load"] == r["straight"]
+        assert r["every_rank_load"] == r["straight"]
+
+
+def test_rank0_alone_rolls_back_mid_run_bitwise(job):
+    launcher, ranks = job
+    if launcher != "horovod":
+        pytest.skip("the TF and DDP jobs resume into fresh objects only")
+    for r in ranks:
+        assert r["rank0_rollback"] == r["straight"]
+
+
+def test_a_state_of_other_options_or_keys_raises_at_once_on_rank0(job):
+    launcher, ranks = job
+    if launcher == "tf":
+        pytest.skip("the options check is the same code as torch's (CheckpointApi.load_state_dict)")
+    if launcher == "horovod":
+        assert ranks[0]["wrong_options_error"] == (
+            "ValueError: GsSketch state was saved with different options: seed=0 saved, 1 now")
+    else:
+        assert ranks[0]["named_into_order_error"] == (
+            "ValueError: GsSketch state was saved with different options: keys='order' saved, 'names' now")
+        assert ranks[0]["keys"][:3] == ["#00000", "#00001", "#00002"]  # no model: keyed by order
+
+
+def test_rank0_alone_saving_raises_within_the_timeout_then_every_rank_raises(job):
+    launcher, ranks = job
+    owner = "GsState" if launcher == "ddp" else "GsSketch"
+    error = ranks[0]["alone_save_error"]
+    assert error.startswith(f"RuntimeError: {owner}.state_dict() is a collective: every rank calls it at the "
+                            "same point, but ")
+    assert "state_dict()   # on every rank" in error
+    assert ranks[0]["alone_save_seconds"] < TIMEOUT + 30  # bounded: the timeout, or at once when a step met it
+    # TensorFlow reports an error raised inside the traced step as an UnknownError quoting it
+    assert f"{owner}.state_dict() is a collective: every rank calls it" in ranks[0]["next_step_error"]
+    for r in ranks[1:]:
+        assert "alone_save_error" not in r
+        assert (f"{owner}: another rank called state_dict() alone and is out of step with this one "
+                "(state_dict() is a collective: call it on every rank at the same point)") in r["next_step_error"]
+
+
+def test_default_checkpoint_timeout_is_documented():
+    assert DEFAULT_TIMEOUT == 60.0
+    readme = (ROOT / "README.md").read_text()
+    assert "checkpoint_timeout" in readme and "60 s" in readme
+
+
+def test_a_rank_killed_mid_step_under_torchrun_ends_the_job_with_an_error(tmp_path):
+    """torchrun's agent checks its workers every 0.1 s (--monitor-interval) and stops the others
+    (SIGTERM) once one dies; without the agent, gloo raises "Connection closed by peer" in
+    their next collective (a peer that hangs instead: the process group's timeout, 30 min)."""
+    cmd = [*torchrun_command(3), sys.executable, str(WORKERS / "idioms.py"), str(tmp_path), "killed", "sparse"]
+    env = rank_env()
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "Signal 9 (SIGKILL) received by PID" in proc.stderr or "exitcode  : -9" in proc.stderr, proc.stderr[-3000:]
+    assert not list(tmp_path.glob("rank*.json"))  # no rank trained on as if nothing happened
