@@ -60,6 +60,19 @@ def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Ran
     return ranks, updates
 
 
+def errors_of_every_rank(ranks: list[Rank], grads: list[list[torch.Tensor]], error: type) -> list:
+    """One step of every rank (grads[rank][tensor]), each rank catching its own ``error``: what
+    each rank raised (None where it did not), so a test sees every rank, not the first to fail."""
+    def step(r, comm):
+        try:
+            ranks[r].step(comm, grads[r])
+        except error as e:
+            return e
+        return None
+
+    return SimulatedRanks(len(ranks)).run(step)
+
+
 def heavy_tailed(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen) * torch.rand(*shape, generator=gen).pow(4) * 10
 
@@ -197,9 +210,9 @@ def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchang
     bad = [[torch.randn(3000, generator=gen), torch.randn(2000, generator=gen)] for _ in range(2)]
     bad[1][1][17] = float("nan")  # rank 1, tensor b.weight
     if nonfinite == "raise":
-        with pytest.raises(FloatingPointError, match=r"gradient of 'b.weight' is NaN or infinite on at least one "
-                                                     r"rank at step 1; residuals are left as before the step"):
-            run(cfg, [bad], ranks)
+        for error in errors_of_every_rank(ranks, bad, FloatingPointError):
+            assert "gradient of 'b.weight' is NaN or infinite on at least one rank at step 1; residuals are left " \
+                   "as before the step" in str(error)
     else:
         _, updates = run(cfg, [bad], ranks)
         assert all(float(u.abs().max()) == 0 for u in updates[0])
@@ -211,9 +224,9 @@ def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchang
 def test_options_that_differ_across_ranks_fail_on_every_rank():
     sizes = [3000]
     ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes, 2), Rank(GsConfig(seed=1, backend="torch"), sizes, 2)]
-    grads = [[[torch.randn(3000)] for _ in range(2)]]
-    with pytest.raises(ValueError, match="GsSketch options differ across ranks"):
-        run(ranks[0].config, grads, ranks)
+    grads = [torch.randn(3000)], [torch.randn(3000)]
+    for error in errors_of_every_rank(ranks, grads, ValueError):
+        assert "GsSketch options differ across ranks" in str(error)
 
 
 def test_warmup_sends_dense_then_sketches():
