@@ -13,8 +13,10 @@ each ``decompress`` reads its slice (after the write: the same resource).
 
 This ``tf.Module`` tracks the state (residual and momentum per variable path, steps per
 optimizer): ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's; ``state_dict()`` /
-``load_state_dict()`` gather every rank's on rank 0 and hand it back. ``merge="mpi"`` merges
-through ``tf.numpy_function``.
+``load_state_dict()`` gather every rank's on rank 0 and hand it back: each traced step starts
+with a 4-byte allreduce of the ranks' step flags and, only when one is set (a state loaded on
+rank 0, or a rank out of step), runs the restore eagerly in a ``tf.py_function`` before any
+state is read. ``merge="mpi"`` merges through ``tf.numpy_function``.
 """
 
 from __future__ import annotations

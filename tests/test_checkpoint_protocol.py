@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gs_horovod.checkpoint import gather_state, options_difference, scatter_state
+from gs_horovod.checkpoint import CheckpointApi, gather_state, options_difference, scatter_state
 
 OPTIONS = {"ratio": 0.05, "seed": 0}
 
@@ -81,10 +81,71 @@ def test_options_that_differ_on_one_rank_fail_on_every_rank_naming_it():
                                         "0.1 now (on rank(s) [1] of 3)"}
 
 
-@pytest.mark.parametrize("bad, text", [(None, "rank 0 passed None"), (local(0, 2), "this is one rank's state")])
-def test_rank0_passing_nothing_or_a_local_state_fails_on_every_rank(bad, text):
-    errors = on_ranks(2, lambda r, ex: scatter_state(bad if r == 0 else None, ex, r, 2, OPTIONS))
-    assert all(isinstance(e, ValueError) and text in str(e) for e in errors)
+def test_rank0_passing_nothing_restores_nothing_on_every_rank():
+    assert on_ranks(2, lambda r, ex: scatter_state(None, ex, r, 2, OPTIONS)) == [None, None]
+
+
+def test_rank0_passing_a_local_state_fails_on_every_rank():
+    errors = on_ranks(2, lambda r, ex: scatter_state(local(0, 2) if r == 0 else None, ex, r, 2, OPTIONS))
+    assert all(isinstance(e, ValueError) and "this is one rank's state" in str(e) for e in errors)
+
+
+class ThreadRank(CheckpointApi):
+    """CheckpointApi on one of P threads: ``_exchange`` the threads' alltoall, ``_arrive`` a sum
+    over the threads that meet at a barrier within the timeout (None when one never comes)."""
+
+    def __init__(self, rank: int, group: Alltoall, sums: list[float]) -> None:
+        self.rank, self.group, self.sums, self.loaded = rank, group, sums, None
+        self._exchange = group.of(rank)
+        self.checkpoint_timeout = 0.5
+
+    def local_state_dict(self) -> dict:
+        return local(self.rank, self.group.size)
+
+    def _load(self, state: dict) -> None:
+        self.loaded = state
+
+    def _options(self) -> dict:
+        return OPTIONS
+
+    def _rank(self) -> int:
+        return self.rank
+
+    def _size(self) -> int:
+        return self.group.size
+
+    def _arrive(self, value: float, name: str, timeout: float) -> float | None:
+        self.sums[self.rank] = value
+        try:
+            self.group.barrier.wait(timeout)
+        except threading.BrokenBarrierError:
+            return None
+        return sum(self.sums)
+
+
+def test_rank0_alone_loading_restores_every_rank_at_the_next_agreement():
+    saved = on_ranks(3, lambda r, ex: gather_state(local(r, 3), ex, r, 3))[0]
+    group, sums = Alltoall(3), [0.0] * 3
+    ranks = [ThreadRank(r, group, sums) for r in range(3)]
+    ranks[0].load_state_dict(saved)  # rank 0 alone: nothing waits
+    assert [r.step_flag() for r in ranks] == [1.0, 0.0, 0.0] and ranks[1].loaded is None
+    on_ranks(3, lambda r, ex: ranks[r].agree(1.0))  # the step's flags, summed
+    assert [r.loaded for r in ranks] == [local(r, 3) for r in range(3)]
+    assert [r.step_flag() for r in ranks] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="saved by 3 ranks, this job has 2"):
+        ThreadRank(0, Alltoall(2), [0.0] * 2).load_state_dict(saved)  # at once, on rank 0
+
+
+def test_rank0_alone_saving_raises_within_the_timeout_and_the_next_agreement_everywhere():
+    group, sums = Alltoall(2), [0.0] * 2
+    ranks = [ThreadRank(r, group, sums) for r in range(2)]
+    with pytest.raises(RuntimeError, match=r"ThreadRank.state_dict\(\) is a collective: every rank calls it at the "
+                                           r"same point, but not every rank called it within checkpoint_timeout=0.5 s"):
+        ranks[0].state_dict()
+    assert [r.step_flag() for r in ranks] == [65536.0, 0.0]
+    for r in ranks:
+        with pytest.raises(RuntimeError, match="state_dict"):
+            r.agree(65536.0)
 
 
 def test_options_difference_names_each_option():
