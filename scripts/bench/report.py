@@ -220,12 +220,54 @@ def run_figure(docs: Path, name: str) -> str:
     return conv.at_budget(seeds, metric, sent).text()
 
 
+def spread(docs: Path, name: str) -> str:
+    """``spread.FILE.METHOD.K``: the final metric's mean ± half range over seeds (accuracy to 3
+    decimals, perplexity to 1), as :func:`run_figure` names records."""
+    _, stem, method, ratio = name.split(".", 3)
+    runs = load(docs, f"convergence_{stem}.json")
+    metric = metric_of(runs)
+    finals = [r["history"][-1][metric] for r in runs[f"{method.replace('-', ' ')} @ {ratio}"].values()]
+    mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
+    digits = 1 if metric == "perplexity" else 3
+    return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+def gs_vs_best_figure(docs: Path, name: str) -> str:
+    """``gs_vs_best.FILE``: the ``gs_vs_best`` line of a simulated-ranks record at k = D/1000."""
+    runs = load(docs, f"convergence_{name.split('.', 1)[1]}.json")
+    x, y, _, _ = conv.gs_vs_best(runs, metric_of(runs), 0.001)
+    ranks = next(iter(runs["gs @ 0.001"].values()))["ranks"]
+    return f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"
+
+
+def sparse_vs_gtopk(docs: Path, name: str) -> str:
+    """``sparse_vs_gtopk.WHAT.P`` from ``docs/recovery_sparse.jsonl``: the defaults' delivered mass
+    over gTop-k (global)'s (WHAT ``mass``), their wire bytes over its (``wire``), or the
+    defaults' wire kB a step (``kb``)."""
+    _, what, ranks = name.split(".")
+    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    at = [r for r in records if r["P"] == int(ranks)]
+    gs = next(r for r in at if "rows" in r and r["exchange"] == "auto")
+    peer = next(r for r in at if r["method"] == "gTop-k (global)")
+    if what == "kb":
+        return f"{gs['wire'] / 1e3:.1f}"
+    return f"{gs[what] / peer[what]:.2f}×"
+
+
 def generator(name: str) -> Block | None:
-    """The function that writes block ``name``: a registered one, or a :func:`run_figure`."""
+    """The function that writes block ``name``: a registered one, or an inline figure
+    (:func:`run_figure`, :func:`spread`, :func:`gs_vs_best_figure`, :func:`sparse_vs_gtopk`)."""
     if name in BLOCKS:
         return BLOCKS[name]
-    if name.split(".", 1)[0] in ("final", "kb", "at_gs") and name.count(".") >= 3:
+    family = name.split(".", 1)[0]
+    if family in ("final", "kb", "at_gs") and name.count(".") >= 3:
         return lambda docs: run_figure(docs, name)
+    if family == "spread" and name.count(".") >= 3:
+        return lambda docs: spread(docs, name)
+    if family == "gs_vs_best" and name.count(".") == 1:
+        return lambda docs: gs_vs_best_figure(docs, name)
+    if family == "sparse_vs_gtopk" and name.count(".") == 2:
+        return lambda docs: sparse_vs_gtopk(docs, name)
     return None
 
 
