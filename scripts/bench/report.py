@@ -213,7 +213,7 @@ def run_figure(docs: Path, name: str) -> str:
     key = f"{method.replace('-', ' ')} @ {ratio}"
     seeds = runs[key]
     if what == "final":
-        return f"{conv.final(seeds, metric):.4g}"
+        return f"{conv.final(seeds, metric):.4g}" if metric == "perplexity" else f"{conv.final(seeds, metric):.4f}"
     if what == "kb":
         return f"{sum(r['history'][-1]['wire_bytes_per_step'] for r in seeds.values()) / len(seeds) / 1e3:.1f}"
     _, sent = conv.gs_budget(runs[f"gs @ {gs_ratio or ratio}"], metric)
@@ -254,9 +254,34 @@ def sparse_vs_gtopk(docs: Path, name: str) -> str:
     return f"{gs[what] / peer[what]:.2f}×"
 
 
+def recovery_figure(docs: Path, name: str) -> str:
+    """``rs.WHAT.P.METHOD`` from ``docs/recovery_sparse.jsonl``: the delivered mass (WHAT ``mass``)
+    or wire kB a step (``kb``) of METHOD at P: ``defaults`` (gs, ``exchange="auto"``), ``sparse``,
+    ``sketch`` (gs at that exchange, shipped sizes) or ``gtopk`` (gTop-k over all weights)."""
+    _, what, ranks, method = name.split(".")
+    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    exchange = {"defaults": "auto", "sparse": "sparse", "sketch": "sketch"}.get(method)
+    r = next(r for r in records if r["P"] == int(ranks) and (
+        r["method"] == "gTop-k (global)" if method == "gtopk" else
+        "rows" in r and r["exchange"] == exchange and not r.get("apply")))
+    return f"{r['mass']:.3f}" if what == "mass" else f"{r['wire'] / 1e3:.1f}"
+
+
+@block("recovery.goal")
+def recovery_goal(docs: Path) -> str:
+    """The shipped sketch against gTop-k per tensor and over all weights at the goal point (the
+    digits MLP, P = 16, ratio 0.01), from the Pareto table of ``docs/recovery.jsonl``."""
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in
+            recovery_sections(docs)["digits MLP, ratio 0.01, P = 16"].splitlines()[2:]}
+    shipped, glob = rows["gs global **(shipped)**"], rows["gTop-k (global)"]
+    return (f"{shipped[4]}× per-tensor gTop-k's mass at {shipped[5]}× its bytes, but less than gTop-k over all "
+            f"weights ({shipped[2]} against {glob[2]})")
+
+
 def generator(name: str) -> Block | None:
     """The function that writes block ``name``: a registered one, or an inline figure
-    (:func:`run_figure`, :func:`spread`, :func:`gs_vs_best_figure`, :func:`sparse_vs_gtopk`)."""
+    (:func:`run_figure`, :func:`spread`, :func:`gs_vs_best_figure`, :func:`sparse_vs_gtopk`,
+    :func:`recovery_figure`)."""
     if name in BLOCKS:
         return BLOCKS[name]
     family = name.split(".", 1)[0]
@@ -268,6 +293,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: gs_vs_best_figure(docs, name)
     if family == "sparse_vs_gtopk" and name.count(".") == 2:
         return lambda docs: sparse_vs_gtopk(docs, name)
+    if family == "rs" and name.count(".") == 3:
+        return lambda docs: recovery_figure(docs, name)
     return None
 
 
