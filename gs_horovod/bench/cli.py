@@ -71,26 +71,29 @@ def gs_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, Any]]:
-    """(ratio, options) for ``args.compression``: GsSketch's as the user gave them
-    (:func:`gs_options`), a baseline's ``--ratio`` and ``--opt`` items, nothing for none/fp16
-    (which refuse both, as GsSketch refuses ``--opt``: no flag is silently ignored)."""
-    if args.opt and args.compression in ("gs", "none", "fp16"):
+    """(ratio, options) for ``args.compression`` (:data:`gs_horovod.bench.methods.METHODS`): from
+    the flag the method takes its options with (GsSketch's as the user gave them,
+    :func:`gs_options`; a baseline's ``--opt`` items) and ``--ratio`` if it takes one. A flag the
+    method does not take is an error (none/fp16 refuse both): no flag is silently ignored."""
+    from .methods import method
+
+    m = method(args.compression)
+    if args.opt and m.option_flag != "--opt":
         raise SystemExit(f"--opt is for the baselines; --compression {args.compression} does not take it"
-                         + (" (GsSketch's options go with --gs NAME=VALUE)" if args.compression == "gs" else ""))
-    if args.compression == "gs":
+                         + (f" (its options go with {m.option_flag} NAME=VALUE)" if m.option_flag else ""))
+    if m.option_flag == "--gs":
         options = gs_options(args)
         return options.pop("ratio", None), options
-    if args.compression in ("none", "fp16"):
-        if args.ratio is not None:
-            raise SystemExit(f"--compression {args.compression} sends every coordinate: it takes no --ratio")
-        return None, {}
+    if args.ratio is not None and not m.takes_ratio:
+        raise SystemExit(f"--compression {args.compression} does not select k coordinates: it takes no --ratio")
     return args.ratio, _name_values(args.opt, "--opt")
 
 
 def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_parameters: Any) -> tuple[Any, Any]:
-    """(optimizer, :class:`gs_horovod.baselines.Meter`) for ``args.compression`` in a torch demo
-    (:func:`gs_horovod.baselines.distributed_optimizer` with :func:`method_options`)."""
-    from gs_horovod.baselines import distributed_optimizer
+    """(optimizer, :class:`gs_horovod.bench.methods.Meter`) for ``args.compression`` in a torch
+    demo under horovodrun (:func:`gs_horovod.bench.methods.distributed_optimizer` with
+    :func:`method_options`)."""
+    from .methods import distributed_optimizer
 
     ratio, options = method_options(args)
     return distributed_optimizer(args.compression, optimizer, list(named_parameters), ratio, **options)
@@ -168,8 +171,9 @@ class SimulatedTrainingRanks:
     """A torch demo's rank r of P ranks simulated in one process (``--simulated-ranks P``,
     :class:`gs_horovod.simulated.SimulatedRanks`: one thread per rank, taking turns), with the
     calls of :class:`HorovodRanks`. Gradients are exchanged at ``optimizer.step()`` through the
-    rank's :class:`~gs_horovod.simulated.SimulatedComm`: gs-SGD by the engine itself (a
-    :class:`gs_horovod.state.GsState`), a baseline by its ``Exchange``, "none" by the exact mean;
+    rank's :class:`~gs_horovod.simulated.SimulatedComm`, by the method's simulated exchange
+    (:meth:`gs_horovod.bench.methods.Method.simulated`: gs-SGD by the engine itself, a
+    baseline by its ``Exchange``, "none" by the exact mean);
     so the process computes what P processes would, up to the order of floating-point sums."""
 
     def __init__(self, comm: Any) -> None:
@@ -178,20 +182,16 @@ class SimulatedTrainingRanks:
     def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
                    optimizer_state: bool = True) -> tuple[Any, Any, Any]:
         """(model, optimizer, Meter); every rank builds the same weights from the same seed."""
-        from ..baselines import METHODS, ExchangeOptimizer, Meter
-        from ..simulated import EngineExchange, MeanExchange
+        from ..baselines import ExchangeOptimizer
+        from .methods import METHODS, Meter
 
         ratio, options = method_options(args)
-        ratio_arg = {} if ratio is None else {"ratio": ratio}
-        if args.compression == "gs":
-            exchange: Any = EngineExchange(self.comm, **ratio_arg, **options)
-        elif args.compression == "none":
-            exchange = MeanExchange()
-        elif args.compression in METHODS:
-            exchange = METHODS[args.compression](**ratio_arg, **options)
-        else:
-            raise SystemExit(f"--simulated-ranks runs gs, none and the baselines, not --compression {args.compression}")
-        opt = ExchangeOptimizer(optimizer, model.named_parameters(), exchange, self.comm)
+        m = METHODS[args.compression]
+        if not m.simulated_too:
+            raise SystemExit(f"--simulated-ranks runs {[n for n, x in METHODS.items() if x.simulated_too]}, not "
+                             f"--compression {args.compression}")
+        m.check(ratio, options)
+        opt = ExchangeOptimizer(optimizer, model.named_parameters(), m.simulated(self.comm, ratio, options), self.comm)
         return model, opt, Meter.of_traffic(self.comm.traffic)
 
     def min(self, value: int) -> int:

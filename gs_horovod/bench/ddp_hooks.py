@@ -1,5 +1,6 @@
-"""The DDP communication hooks the examples and benchmarks compare, with the bytes each rank
-sends (:class:`gs_horovod.baselines.Meter`, ring allreduce for all of them):
+"""The DDP side of the method registry (:mod:`.methods`): :func:`register_hook` registers a
+method's communication hook and returns its :class:`~gs_horovod.bench.methods.Meter` (ring
+allreduce for all of them); torch's PowerSGD hook, counted as it issues its allreduces:
 
 - ``gs``: :func:`gs_horovod.ddp.gs_hook` (options: :class:`~gs_horovod.gs_sgd.GsConfig`'s);
 - ``powersgd``: torch's ``powerSGD_hook`` (options: ``PowerSGDState``'s, ``rank`` standing for
@@ -11,44 +12,36 @@ sends (:class:`gs_horovod.baselines.Meter`, ring allreduce for all of them):
 (No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.)
 """
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
-from ..baselines import Meter
 from ..wire import Collective, Traffic
+from .methods import METHODS, Meter, method
 
-DDP_METHODS = ("gs", "powersgd", "fp16", "none")
+DDP_METHODS = tuple(name for name, m in METHODS.items() if m.under_ddp)
 
 
-def register_hook(method: str, ddp_model: Any, module: torch.nn.Module, ratio: float | None = None,
+def register_hook(name: str, ddp_model: Any, module: torch.nn.Module, ratio: Optional[float] = None,
                   **options: Any) -> Meter:
-    """Registers ``method``'s communication hook on ``ddp_model`` (which wraps ``module``) and
-    returns the meter of its bytes. ``ratio``: gs only (None: GsSketch's default)."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    """Registers method ``name``'s communication hook on ``ddp_model`` (which wraps ``module``)
+    and returns the meter of its bytes. ``ratio``: gs only (None: GsSketch's default)."""
+    m = method(name)
+    if not m.under_ddp:
+        raise ValueError(f"method must be one of {DDP_METHODS} under DDP, got {name!r}")
+    m.check(ratio, options)
+    return m.ddp(ddp_model, module, ratio, options)
 
-    from ..ddp import GsState, gs_hook
 
-    if method not in DDP_METHODS:
-        raise ValueError(f"method must be one of {DDP_METHODS} under DDP, got {method!r}")
-    if method != "gs" and ratio is not None:
-        raise ValueError(f"method {method!r} takes no ratio, got ratio={ratio}")
-    if method in ("none", "fp16") and options:
-        raise ValueError(f"method {method!r} takes no options, got {options}")
-    size = dist.get_world_size()
-    if method == "gs":
-        state = GsState(module, **({} if ratio is None else {"ratio": ratio}), **options)
-        ddp_model.register_comm_hook(state, gs_hook)
-        return Meter.of_gs(state.stats, size)
-    if method == "fp16":
-        ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-        return Meter.dense(list(module.parameters()), size, 2)
-    if method == "none":
-        return Meter.dense(list(module.parameters()), size)
+def register_powersgd_hook(ddp_model: Any, **options: Any) -> Traffic:
+    """Registers torch's ``powerSGD_hook`` on ``ddp_model`` with ``PowerSGDState`` options
+    (``rank``: ``matrix_approximation_rank``); returns the Traffic its allreduces are counted in."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
     rename = {"matrix_approximation_rank": options.pop("rank")} if "rank" in options else {}
     state = powerSGD_hook.PowerSGDState(None, **{"start_powerSGD_iter": 2, **options, **rename})
-    traffic = Traffic(size)
+    traffic = Traffic(dist.get_world_size())
     previous: list[torch.futures.Future] = []
 
     def counted(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -64,7 +57,7 @@ def register_hook(method: str, ddp_model: Any, module: torch.nn.Module, ratio: f
         return future
 
     ddp_model.register_comm_hook(state, counted)
-    return Meter.of_traffic(traffic)
+    return traffic
 
 
 def powersgd_collectives(state: Any, bucket: Any) -> list[Collective]:
@@ -76,7 +69,7 @@ def powersgd_collectives(state: Any, bucket: Any) -> list[Collective]:
     torch's hook issues a bucket's P and Q allreduces from callbacks of the previous allreduce;
     with two buckets in flight over gloo, ranks interleaved the two chains differently and gloo
     aborted ("Received data size doesn't match expected size", torch 2.13, 2 ranks, the MNIST
-    CNN in 2 buckets). :func:`register_hook` therefore waits for a bucket's future before it
+    CNN in 2 buckets). :func:`register_powersgd_hook` therefore waits for a bucket's future before it
     runs the next bucket's hook."""
     buffer = bucket.buffer()
     itemsize = buffer.element_size()

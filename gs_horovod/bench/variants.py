@@ -11,18 +11,12 @@ turns them into wire bytes and rounds.
 from __future__ import annotations
 
 import ast
-import inspect
-import math
 from typing import Any, Optional
 
-from ..baselines import ALL_METHODS, METHODS, Exchange, PowerSGD
-from ..gs_sgd import GsConfig, Layout
+from ..baselines import Exchange
+from ..gs_sgd import GsConfig
 from ..wire import Collective
-
-NAMES = {"none": "dense", "fp16": "fp16", "gs": "gs-SGD", "topk": "top-k allgather", "gtopk": "gTop-k",
-         "sketched": "Sketched-SGD", "powersgd": "PowerSGD"}
-SCOPED = ("topk", "gtopk", "sketched")  # baselines whose label always names the scope
-
+from .methods import METHODS, Baseline, Gs, method
 
 
 def _literal(value: str) -> Any:
@@ -34,67 +28,54 @@ def _literal(value: str) -> Any:
 
 def parse_variant(word: str) -> tuple[str, dict[str, Any]]:
     """``METHOD[:NAME=VALUE,...]`` → (method, options); VALUE a Python literal, else a string."""
-    method, _, rest = word.partition(":")
-    if method not in ALL_METHODS:
-        raise ValueError(f"method must be one of {ALL_METHODS}, got {method!r} in {word!r}")
+    name, _, rest = word.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got {name!r} in {word!r}")
     options = {}
     for item in filter(None, rest.split(",")):
-        name, sep, value = item.partition("=")
-        if not sep or not name:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
             raise ValueError(f"a variant's options are NAME=VALUE, got {item!r} in {word!r}")
-        options[name] = _literal(value)
-    return method, options
+        options[key] = _literal(value)
+    return name, options
 
 
-def variant_word(method: str, options: dict[str, Any]) -> str:
+def variant_word(name: str, options: dict[str, Any]) -> str:
     """The canonical word of (method, options), options sorted: inverse of :func:`parse_variant`."""
-    return method + (":" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) if options else "")
+    return name + (":" + ",".join(f"{k}={v}" for k, v in sorted(options.items())) if options else "")
 
 
-def variant_label(method: str, options: dict[str, Any]) -> str:
-    """A table label: "gTop-k (global)", "gTop-k (per tensor)", "PowerSGD r1", "gs-SGD", ..."""
-    rest = dict(options)
-    label = NAMES[method]
-    if method == "powersgd":
-        label += f" r{rest.pop('rank', inspect.signature(PowerSGD).parameters['rank'].default)}"
-    scope = rest.pop("scope", "global")
-    if method in SCOPED or scope != "global":
-        label += " (per tensor)" if scope == "layer" else f" ({scope})"
-    return label + "".join(f", {k}={v}" for k, v in sorted(rest.items()))
+def variant_label(name: str, options: dict[str, Any]) -> str:
+    """A table label: "gTop-k (global)", "gTop-k (per tensor)", "PowerSGD r1", "gs-SGD", ...
+    (:meth:`gs_horovod.bench.methods.Method.variant_label`)."""
+    return method(name).variant_label(options)
 
 
-def takes_ratio(method: str) -> bool:
+def takes_ratio(name: str) -> bool:
     """Whether the method selects k = ratio · D coordinates (gs-SGD, top-k, gTop-k,
     Sketched-SGD); dense, fp16 and PowerSGD take no ratio."""
-    return method == "gs" or (method in METHODS and "ratio" in inspect.signature(METHODS[method]).parameters)
+    return method(name).takes_ratio
 
 
-def exchange(method: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
+def exchange(name: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
     """The baseline's :class:`~gs_horovod.baselines.Exchange` with these options (``ratio``
     None: its default)."""
-    return METHODS[method](**({} if ratio is None else {"ratio": ratio}), **options)
+    m = method(name)
+    if not isinstance(m, Baseline):
+        raise ValueError(f"{name!r} is not a baseline exchange")
+    return m.exchange(ratio, options)
 
 
 def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
     """(GsConfig, merge) of GsSketch with these options."""
-    rest = dict(options)
-    merge = rest.pop("merge", "horovod")
-    return GsConfig(**({} if ratio is None else {"ratio": ratio}), **rest), merge
+    return Gs.config(options, ratio)
 
 
-def planned(method: str, options: dict[str, Any], shapes: list[tuple[int, ...]], ranks: int,
+def planned(name: str, options: dict[str, Any], shapes: list[tuple[int, ...]], ranks: int,
             ratio: Optional[float] = None) -> list[Collective]:
     """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
-    sizes alone, as each method's own code counts them: Horovod's dense (f32) or fp16 allreduce;
-    gs-SGD's sketch (or allgather) and exact-round allreduces (``Layout.collectives``; tree merge
-    under merge=mpi), as :func:`gs_horovod.baselines.distributed_optimizer`'s meter records
-    them; a baseline's ``Exchange.planned``. ``ratio`` applies to the methods that take one
+    sizes alone, as each method's own code counts them (:meth:`Method.planned
+    <gs_horovod.bench.methods.Method.planned>`). ``ratio`` applies to the methods that take one
     (:func:`takes_ratio`; None: their default)."""
-    ratio = ratio if takes_ratio(method) else None
-    if method in ("none", "fp16"):
-        return [("allreduce", float(sum(map(math.prod, shapes)) * (2 if method == "fp16" else 4)))]
-    if method != "gs":
-        return exchange(method, options, ratio).planned(shapes, ranks)
-    config, merge = gs_config(options, ratio)
-    layout = Layout.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config, ranks=ranks)
-    return layout.collectives(config, merge="tree" if merge == "mpi" else "allreduce")
+    m = method(name)
+    return m.planned(options, shapes, ranks, ratio if m.takes_ratio else None)

@@ -10,7 +10,7 @@ The study and the choice of the shipped sizes: docs/design.md ("Recovery").
 
 Methods. gs-SGD is the engine itself: rank r holds ``GsState(GsSgd(config, TorchOps(), comm_r),
 CommStats())`` on ``comm_r = SimulatedRanks(P).comms[r]``. The baselines are
-``gs_horovod.baselines.METHODS``, one ``Exchange`` per rank on the same comms: top-k allgather
+``gs_horovod.bench.methods.METHODS``' exchanges, one per rank on the same comms: top-k allgather
 and gTop-k per tensor ("layer") and over all weights ("global"), Sketched-SGD with its
 published sizes, PowerSGD of rank 4. Two methods need no collectives and are a few lines here:
 dense (the exact mean) and the reference, the exact top-k of S applied exactly, with per-rank
@@ -66,7 +66,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.baselines import METHODS
+from gs_horovod.bench.methods import METHODS
 from gs_horovod.gs_sgd import GsConfig, GsSgd, count_for
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.simulated import SimulatedComm, SimulatedRanks
@@ -219,9 +219,9 @@ def baseline(key: str, ranks: int, shapes: Shapes, ratio: float) -> Method:
     if key == "exact":
         return ExactTopK(ranks, shapes, ratio)
     name, method, scope = BASELINES[key]
-    options = {} if method == "powersgd" else {"ratio": ratio, **({"scope": scope} if scope else {})}
+    ratio_arg, options = ratio if METHODS[method].takes_ratio else None, {"scope": scope} if scope else {}
     info = {"method": name, **({"scope": scope} if scope else {})}
-    return Simulated(info, ranks, shapes, lambda comm: METHODS[method](**options))
+    return Simulated(info, ranks, shapes, lambda comm: METHODS[method].simulated(comm, ratio_arg, options))
 
 
 def gs_method(cfg: GsConfig, ranks: int, shapes: Shapes, ratio: float) -> Method:

@@ -45,8 +45,8 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.baselines import ALL_METHODS
 from gs_horovod.bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
+from gs_horovod.bench.methods import METHODS
 from gs_horovod.bench.variants import variant_word
 from gs_horovod.bench.workloads import LstmLM, stdlib_text, text_batch
 
@@ -67,7 +67,7 @@ def wait_for_links(sync: Optional[Path], label: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_compression_flags(p, list(ALL_METHODS))
+    add_compression_flags(p, list(METHODS))
     p.add_argument("--batch", type=int, default=2, help="windows per rank per step")
     p.add_argument("--seq", type=int, default=16, help="bytes per window")
     p.add_argument("--hidden", type=int, default=512, help="LSTM units (512: 1.77M parameters; 1536: 11.48M)")

@@ -9,7 +9,7 @@ ranks.
 Counted: each variant's collectives of one step from the gradient's shape alone
 (``cost_model.planned``: the baselines' ``Exchange.planned``, gs-SGD's ``Layout.payload_bytes``,
 Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.wire`. Measured: one step of
-each variant on this rank, its meter's bytes (``gs_horovod.baselines.distributed_optimizer``).
+each variant on this rank, its meter's bytes (``gs_horovod.bench.methods.distributed_optimizer``).
 "payload" is what a rank hands to collectives (its own contribution); "wire" is what goes
 through the busiest rank (sent + received) under each collective's algorithm: ring allreduce
 and allgather (Horovod), recursive doubling (gTop-k, GsSketch merge="mpi"), star (Sketched-SGD).
@@ -43,7 +43,7 @@ def measure(shape: tuple[int, int], ratio: float) -> dict[str, tuple[float, floa
     import horovod.torch as hvd
     import torch
 
-    from gs_horovod.baselines import distributed_optimizer
+    from gs_horovod.bench.methods import distributed_optimizer
 
     hvd.init()
     torch.set_num_threads(1)

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.baselines import METHODS
 from gs_horovod.bench.cli import Report, add_compression_flags, add_simulated_flag, run_on_ranks
+from gs_horovod.bench.methods import METHODS
 from gs_horovod.bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-seq", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the history to this file (rank 0)")
-    add_compression_flags(p, ["gs", "none", "fp16", *METHODS])
+    add_compression_flags(p, list(METHODS))
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
     add_simulated_flag(p)

@@ -19,14 +19,14 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from gs_horovod.bench.cli import Report, demo_arguments, gs_options  # noqa: E402
+from gs_horovod.bench.cli import Report, demo_arguments, method_options  # noqa: E402
+from gs_horovod.bench.methods import METHODS  # noqa: E402
 from gs_horovod.bench.workloads import digits_shard  # noqa: E402
-from gs_horovod.tensorflow import GsSketch  # noqa: E402
 from gs_horovod.wire import total_wire_bytes  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    args = demo_arguments(__doc__, ["gs", "none", "fp16"]).parse_args(argv)
+    args = demo_arguments(__doc__, [n for n, m in METHODS.items() if m.under_tensorflow]).parse_args(argv)
     if args.epochs is None:
         args.epochs = 30
     return args
@@ -48,13 +48,11 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = tf.keras.optimizers.SGD(args.lr, momentum=args.momentum)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     hvd.broadcast_variables(model.variables, root_rank=0)
-    if args.compression == "gs":
-        compression = GsSketch(**gs_options(args))
-        collectives = compression.collectives_per_step(model.trainable_variables)
-    else:
-        compression = hvd.Compression.fp16 if args.compression == "fp16" else hvd.Compression.none
-        itemsize = 2 if args.compression == "fp16" else 4
-        collectives = [("allreduce", float(sum(v.shape.num_elements() * itemsize for v in model.trainable_variables)))]
+    method, (ratio, options) = METHODS[args.compression], method_options(args)
+    method.check(ratio, options)
+    compression = method.tensorflow(ratio, options)
+    shapes = [tuple(v.shape) for v in sorted(model.trainable_variables, key=lambda v: v.name)]
+    collectives = method.planned(options, shapes, hvd.size(), ratio)
     bytes_per_step = sum(n for _, n in collectives)
     dense_bytes = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
 

@@ -24,15 +24,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.baselines import METHODS
 from gs_horovod.bench.cli import Report, add_simulated_flag, demo_arguments, run_on_ranks
+from gs_horovod.bench.methods import METHODS
 from gs_horovod.bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
 EPOCHS = {"cnn": 10, "mlp": 30}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = demo_arguments(__doc__, ["gs", "none", "fp16", *METHODS])
+    p = demo_arguments(__doc__, list(METHODS))
     p.add_argument("--model", choices=sorted(EPOCHS), default="cnn",
                    help="cnn: MNIST-5k CNN (default); mlp: scikit-learn digits MLP")
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",

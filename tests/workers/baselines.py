@@ -9,7 +9,8 @@ import torch
 from rank_result import write_result
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
-from gs_horovod.baselines import METHODS, ExchangeOptimizer
+from gs_horovod.baselines import ExchangeOptimizer
+from gs_horovod.bench.methods import METHODS
 from gs_horovod.compressor import HorovodCollectives
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.wire import Traffic, total_wire_bytes
@@ -24,8 +25,8 @@ VARIANTS = {
 
 def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tuple:
     method, options = VARIANTS[variant]
-    size = {} if method == "powersgd" else {"ratio": ratio}
-    exchange = METHODS[method](**size, **{**options, **extra})
+    baseline = METHODS[method]
+    exchange = baseline.exchange(ratio if baseline.takes_ratio else None, {**options, **extra})
     comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
     model = mlp(seed)
     opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
