@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 import bench_convergence as conv  # noqa: E402
 
 ROOT = HERE.parents[1]
-FILES = ("docs/benchmarks.md", "docs/design.md", "README.md")
+FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "README.md")
 MARKER = re.compile(r"<!-- report:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /report:(?P=name) -->", re.S)
 
 Block = Callable[[Path], str]
@@ -296,6 +296,30 @@ def generator(name: str) -> Block | None:
     if family == "rs" and name.count(".") == 3:
         return lambda docs: recovery_figure(docs, name)
     return None
+
+
+@block("tf.digits")
+def tf_digits(docs: Path) -> str:
+    """``train_tf.py`` on the digits at 2 ranks, GsSketch and dense, from
+    ``docs/tensorflow_digits_P2_{gs,none}.json``."""
+    lines = ["| run | final held-out accuracy (best) | bytes / step / rank | wire bytes / step | training s "
+             "| steps/s |",
+             "|---|---|---|---|---|---|"]
+    for name in ("none", "gs"):
+        d = load(docs, f"tensorflow_digits_P2_{name}.json")
+        h = d["history"]
+        steps = sum(e["steps"] for e in h)
+        lines.append(f"| `{d['command'].split('train_tf.py ')[1].replace(' --json F', '')}` | {h[-1]['accuracy']:.4f} "
+                     f"({max(e['accuracy'] for e in h):.4f}) | {h[-1]['bytes_per_step']:,.0f} "
+                     f"| {h[-1]['wire_bytes_per_step']:,.0f} | {d['seconds']:.0f} | {steps / d['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+@block("tf.digits.claim")
+def tf_digits_claim(docs: Path) -> str:
+    gs, dense = (load(docs, f"tensorflow_digits_P2_{n}.json")["history"][-1] for n in ("gs", "none"))
+    return (f"{gs['accuracy']:.4f} with GsSketch at {gs['bytes_per_step']:,.0f} bytes/step/rank and "
+            f"{dense['accuracy']:.4f} dense at {dense['bytes_per_step']:,.0f}")
 
 
 # ---------------------------------------------------------------------------------------------
