@@ -298,6 +298,45 @@ def generator(name: str) -> Block | None:
     return None
 
 
+DEMO_RUNS = {"gs": "(the defaults)", "none": "--compression none", "sketch": "--gs exchange=sketch"}
+
+
+@block("demo.console")
+def demo_console(docs: Path) -> str:
+    """The demo's console lines (first and last epoch, the summary's metric and bytes, its training
+    time) from ``docs/demo_P2_gs.json``, as ``gs_horovod.bench.cli.Report`` prints them."""
+    d = load(docs, "demo_P2_gs.json")
+    h = d["history"]
+    steps = sum(e["steps"] for e in h)
+    sent, wire = h[-1]["bytes_per_step"], h[-1]["wire_bytes_per_step"]
+    epoch = [f"epoch {e['epoch']:3d}/{len(h)}  loss {e['loss']:.4f}  held-out accuracy {e['accuracy']:.4f}"
+             for e in (h[0], h[-1])]
+    return "\n".join(["```text", f"gs_horovod demo: {d['ranks']} ranks (horovodrun --gloo), MNIST-5k CNN",
+                      epoch[0], "...", epoch[1], "",
+                      f"summary ({d['ranks']} ranks, --compression {d['args']['compression']})",
+                      f"  held-out accuracy   {h[-1]['accuracy']:.4f} after {steps} steps "
+                      f"(best {max(e['accuracy'] for e in h):.4f})",
+                      f"  bytes/step/rank     {sent:,.0f} ({d['dense_bytes_per_step'] / sent:.1f}x fewer than dense, "
+                      f"{d['dense_bytes_per_step']:,}); {wire:,.0f} on the wire",
+                      f"  training            {d['seconds']:.0f} s ({steps / d['seconds']:.2f} steps/s)", "```"])
+
+
+@block("demo.table")
+def demo_table(docs: Path) -> str:
+    """The demo at 2 ranks with the defaults, dense and the paper's sketch, from
+    ``docs/demo_P2_{gs,none,sketch}.json``."""
+    lines = ["| `run_demo.sh` arguments | held-out accuracy after 10 epochs (best) | bytes / step / rank "
+             "| wire bytes / step | training s | steps/s |", "|---|---|---|---|---|---|"]
+    for name, text in DEMO_RUNS.items():
+        d = load(docs, f"demo_P2_{name}.json")
+        h = d["history"]
+        steps = sum(e["steps"] for e in h)
+        lines.append(f"| {text} | {h[-1]['accuracy']:.4f} ({max(e['accuracy'] for e in h):.4f}) "
+                     f"| {h[-1]['bytes_per_step']:,.0f} | {h[-1]['wire_bytes_per_step']:,.0f} | {d['seconds']:.0f} "
+                     f"| {steps / d['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
 @block("tf.digits")
 def tf_digits(docs: Path) -> str:
     """``train_tf.py`` on the digits at 2 ranks, GsSketch and dense, from
