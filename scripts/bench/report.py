@@ -293,6 +293,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: gs_vs_best_figure(docs, name)
     if family == "sparse_vs_gtopk" and name.count(".") == 2:
         return lambda docs: sparse_vs_gtopk(docs, name)
+    if family == "sketch_vs_gtopk" and name.count(".") == 1:
+        return lambda docs: sketch_vs_gtopk(docs, name)
     if family == "rs" and name.count(".") == 3:
         return lambda docs: recovery_figure(docs, name)
     return None
@@ -459,6 +461,19 @@ def validation(docs: Path, name: str) -> str:
     text = printed(lambda: cost_model.validate(docs / name))
     start = text.index("Prediction (out-of-sample)")
     return text[start:].strip()
+
+
+def sketch_vs_gtopk(docs: Path, name: str) -> str:
+    """``sketch_vs_gtopk.P`` (P a rank count, or ``all``): the range over the shaped links (and
+    rank counts) of the paper's sketch's median steps/s over gTop-k (global)'s, from
+    ``docs/throughput_fair.jsonl``."""
+    import cost_model
+
+    _, cells, _ = cost_model.load(docs / "throughput_fair.jsonl")
+    ranks = name.split(".")[1]
+    ratios = [c.median / cells["gtopk", c.ranks, c.label].median for (v, P, label), c in cells.items()
+              if v == "gs:exchange=sketch" and label != "local" and (ranks == "all" or P == int(ranks))]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
 
 
 block("cost_model.validate")(lambda docs: validation(docs, "throughput_fair.jsonl"))
