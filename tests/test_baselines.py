@@ -83,12 +83,77 @@ def test_ratio_one_is_the_dense_mean(variant):
             torch.testing.assert_close(u, m, rtol=0, atol=1e-6)
 
 
-def test_powersgd_at_full_rank_is_the_dense_mean():
+def test_powersgd_sends_matrices_that_would_not_shrink_as_the_dense_mean():
+    """rank 64 ≥ min(n, m) of every tensor: the uncompressed path (no power iteration) is exact."""
     P = 2
     ranks = run(P, lambda: PowerSGD(rank=64), steps=1)
     mean = [sum(g[t] for g in grads(P, 0)) / P for t in range(len(SHAPES))]
+    assert ranks[0]["ex"].qs == {}  # no matrix was compressed
     for u, m in zip(ranks[0]["updates"][0], mean):
         torch.testing.assert_close(u, m, rtol=0, atol=1e-6)
+
+
+def spectrum(singular: list[float], n: int = 64, m: int = 48, seed: int = 0) -> torch.Tensor:
+    """An n × m matrix U·diag(singular)·Vᵀ with random orthonormal U, V (its SVD by construction)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(n, n, generator=g)).Q[:, :len(singular)]
+    v = torch.linalg.qr(torch.randn(m, m, generator=g)).Q[:, :len(singular)]
+    return u @ torch.diag(torch.tensor(singular)) @ v.T
+
+
+def spread(mean: torch.Tensor, P: int, seed: int = 1) -> list[torch.Tensor]:
+    """P full-rank matrices whose mean is ``mean`` (mean + N(0, 1) noise that sums to zero)."""
+    g = torch.Generator().manual_seed(seed)
+    noise = [torch.randn(mean.shape, generator=g) for _ in range(P)]
+    return [mean + x - sum(noise) / P for x in noise]
+
+
+def powersgd_steps(P: int, approx_rank: int, per_rank: list[torch.Tensor], steps: int) -> list[dict]:
+    """PowerSGD(rank=approx_rank) on one matrix "w" for ``steps`` steps, each rank's gradient chosen so that
+    its error-fed matrix a = e + g is ``per_rank[r]`` at every step (g = M_r − e): the power
+    iteration then runs on the same mean matrix, warm-started. Per rank: updates, the names of
+    the collectives issued, the Q kept."""
+
+    def rank_fn(rank, comm):
+        ex, updates = PowerSGD(rank=approx_rank), []
+        for _ in range(steps):
+            e = 0 if ex.residual is None else ex.residual.view_as(per_rank[rank])
+            updates.append(ex.exchange([("w", per_rank[rank] - e)], comm)[0])
+        return {"updates": updates, "names": list(comm.names), "q": ex.qs.get("w")}
+
+    return SimulatedRanks(P).run(rank_fn)
+
+
+@pytest.mark.parametrize("rank", [2, 4])
+def test_powersgd_at_or_above_the_true_rank_is_exact(rank):
+    """The ranks' mean has rank 2 (each rank's matrix has full rank 48): PowerSGD of rank r with
+    2 ≤ r < min(n, m) = 48 compresses it (P and Q allreduces, a kept Q of m × r) and its first
+    update is the mean itself, as the SVD says a rank-r approximation of it can be."""
+    P, mean = 4, spectrum([30.0, 20.0])
+    per_rank = spread(mean, P)
+    assert torch.linalg.matrix_rank(per_rank[0]) == 48
+    ranks = powersgd_steps(P, rank, per_rank, steps=1)
+    for r in ranks:
+        assert r["names"] == ["powersgd.p", "powersgd.q"] and tuple(r["q"].shape) == (48, rank)
+        torch.testing.assert_close(r["updates"][0], mean, rtol=0, atol=1e-4)
+
+
+def test_powersgd_below_the_true_rank_converges_to_the_svd_truncation():
+    """Mean of full rank, singular values 50, 40, 30 then a tail of 45 below 1: rank 3 can at best
+    leave the tail, ‖M − M_3‖_F = √(Σ_{i>3} σ_i²) (Eckart–Young). The first step (a random Q)
+    leaves more; the warm-started power iteration reaches the SVD's rank-3 truncation M_3."""
+    P, singular = 4, [50.0, 40.0, 30.0] + [0.95**i for i in range(45)]
+    mean = spectrum(singular)
+    ranks = powersgd_steps(P, 3, spread(mean, P), steps=4)
+    u, s, vh = torch.linalg.svd(mean)
+    best, tail = u[:, :3] @ torch.diag(s[:3]) @ vh[:3], s[3:].norm()
+    errors = [float((x - mean).norm() / tail) for x in ranks[0]["updates"]]
+    assert all(e >= 1 - 1e-5 for e in errors)  # no rank-3 matrix is closer than the tail
+    assert errors[0] > 1.5  # one step from a random Q is not yet the truncation
+    for r in ranks:
+        assert r["names"] == ["powersgd.p", "powersgd.q"] * 4
+        torch.testing.assert_close(r["updates"][-1], best, rtol=0, atol=1e-4)
+        assert all(torch.equal(x, y) for x, y in zip(r["updates"], ranks[0]["updates"]))
 
 
 @pytest.mark.parametrize("variant", ["topk", "topk-layer", "sketched", "powersgd-r1", "powersgd-r4"])
@@ -192,3 +257,23 @@ def test_horovod_counted_collectives_are_the_planned_ones(horovod_ranks, variant
     for r in horovod_ranks:
         assert [tuple(c) for c in r[f"{variant}_collectives"]] == [tuple(c) for c in r[f"{variant}_planned"]]
         assert r[f"{variant}_wire"] == pytest.approx(r[f"{variant}_planned_wire"])
+
+
+@pytest.mark.parametrize("case", ["exact", "truncation"])
+def test_horovod_powersgd_runs_its_power_iteration_against_the_svd(horovod_ranks, case):
+    """On real ranks (tests/workers/baselines.py ``powersgd_against_svd``): full-rank matrices per
+    rank, compressed (Q of 48 × r, one allreduce of P (64·r floats) and one of Q (48·r) a step);
+    at or above the mean's true rank the update is the mean, below it the warm-started power
+    iteration reaches the SVD's truncation, never closer than its tail."""
+    rank = {"exact": 4, "truncation": 3}[case]
+    for r in horovod_ranks:
+        got = r[f"powersgd_{case}"]
+        assert got["rank_of_mine"] == 48 and got["q_shape"] == [48, rank]
+        planned = [("allreduce", 4.0 * 64 * rank), ("allreduce", 4.0 * 48 * rank)]
+        assert [tuple(c) for c in got["collectives"]] == planned
+        assert got["max_abs_from_truncation"] <= 1e-4
+        if case == "exact":
+            assert got["max_abs_from_mean"] <= 1e-4
+        else:  # the tail is all a rank-3 matrix must leave (Eckart–Young)
+            assert got["error_over_tail"] >= 1 - 1e-5
+    assert len({r[f"powersgd_{case}"]["digest"] for r in horovod_ranks}) == 1
