@@ -534,6 +534,23 @@ block("recovery.shipped")(lambda docs: recovery_sections(docs)["Shipped gs globa
 block("recovery.pareto")(lambda docs: recovery_sections(docs)["digits MLP, ratio 0.01, P = 16"])
 
 
+@block("recovery.train")
+def recovery_train(docs: Path) -> str:
+    """The 60-step training runs of ``docs/recovery_curves.jsonl``, in order of the loss after
+    them: delivered mass, wire kB a step, mean loss over steps 26–30 and 56–60."""
+    records = [json.loads(line) for line in (docs / "recovery_curves.jsonl").read_text().splitlines() if line.strip()]
+    lines = ["| method | settings | delivered mass | kB / rank / step | loss, steps 26–30 | loss, steps 56–60 |",
+             "|---|---|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: sum(r["loss"][55:60])):
+        name = r["method"] + (" **(shipped)**" if r.get("label") == "r3 w2 m1 L1 f16" and r["scope"] == "global"
+                              else " (old defaults)" if r["method"] == "gs layer" else "")
+        mass = "–" if r["method"] == "dense" else f"{r['mass']:.3f}"
+        kb = "–" if not r["wire"] else f"{r['wire'] / 1e3:,.0f}"
+        lines.append(f"| {name} | {r.get('label', '')} | {mass} | {kb} | {sum(r['loss'][25:30]) / 5:.3f} "
+                     f"| {sum(r['loss'][55:60]) / 5:.3f} |")
+    return "\n".join(lines)
+
+
 @block("recovery.exchanges")
 def recovery_exchanges(docs: Path) -> str:
     """The rows of ``docs/recovery_sparse.md``'s table that decide (the baselines over all weights,
