@@ -21,6 +21,13 @@ constructor options or GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1
 4. Cross-P (out-of-sample, secondary): every run at a larger P from the smallest P's compute,
    scaled by ranks per core (the harness pins rank i to core i mod cores).
 
+With ``--collectives SWEEP.jsonl`` (``scripts/bench/collective_sweep.sh``: allreduce,
+allgather, alltoall, pairwise, gather and broadcast size sweeps through real Horovod ranks on
+the same shaped links), each collective is priced at α and β fitted per collective algorithm
+and link (:func:`fit_collectives`) instead of the ping-pong's; the sweep never sees a training
+run, so every shaped row stays out-of-sample. ``--validation-out`` writes the verdict as JSON
+(``max_rel_error``, ``holds``: ≤ ``TARGET``, the fits).
+
 The LAST line is ``max_rel_error <x>``: the largest |predicted − measured| / measured steps/s
 of step 3 over the rows whose modelled communication is ≥ 20 % of the step (the line above it
 says how many rows that is; ``nan`` when none is).
@@ -30,9 +37,14 @@ BERT-large (335M), their parameter shapes written out below, on GPU-class comput
 (ASSUMPTIONS, stated in ``MODELS``, ``--alpha`` and ``--gpu-bandwidth``). Each variant's
 collectives come from the shapes alone: the baselines' ``Exchange.planned``, gs-SGD's
 ``Layout.payload_bytes``. Prints gs-SGD's speed-up over each variant; ``--plot`` draws it.
+The projection is labelled validated only when ``--validation`` (the JSON of
+``--validation-out``) says the model holds; the label and the measured error go into ``--out``.
 
-    python scripts/bench/cost_model.py --validate docs/throughput_lm.jsonl
-    python scripts/bench/cost_model.py --project --plot docs/projection.png --out docs/projection.json
+    bash scripts/bench/collective_sweep.sh docs/collective_sweep.jsonl "100mbit 1gbit" "2 4"
+    python scripts/bench/cost_model.py --validate docs/throughput_fair.jsonl \
+        --collectives docs/collective_sweep.jsonl --validation-out docs/cost_model_validation.json
+    python scripts/bench/cost_model.py --project --validation docs/cost_model_validation.json \
+        --plot docs/projection.png --out docs/projection.json
 """
 
 from __future__ import annotations
@@ -46,18 +58,76 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
+
 from gs_horovod.bench.variants import exchange, gs_config, parse_variant, planned, variant_label
 from gs_horovod.wire import Collective, rounds
 
 Collectives = list[Collective]
 SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
+TARGET = 0.20  # the model holds when max_rel_error is at most this
+BIG = 1 << 20  # collective sizes (bytes per rank) from which a sweep's slope gives β
 HEADLINE = ("gs", "gs:exchange=sketch", "gtopk", "gtopk:scope=layer", "topk", "sketched", "powersgd:rank=1",
             "powersgd:rank=4", "none", "fp16")
 
 
-def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float) -> float:
-    """Σ over every round of every collective of α + bytes/β."""
-    return sum(alpha + b / beta for kind, n in collectives for b in rounds(kind, n, ranks))
+Fits = dict[str, tuple[float, float]]  # collective kind → its (α s per round, β bytes/s) on one link
+
+
+def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float, fits: Optional[Fits] = None) -> float:
+    """Σ over every round of every collective of α + bytes/β, at the collective kind's own
+    (α, β) where ``fits`` has its kind, else at ``alpha`` and ``beta``."""
+    fits = fits or {}
+    total = 0.0
+    for kind, n in collectives:
+        a, b = fits.get(kind, (alpha, beta))
+        total += sum(a + x / b for x in rounds(kind, n, ranks))
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# α and β per collective algorithm, from scripts/bench/collective_sweep.sh
+
+
+def fit_kind(rows: list[dict]) -> Optional[tuple[float, float, float]]:
+    """(α, β, worst in-sample |fitted − measured| / measured over the rows of ≥ BIG bytes) of
+    t = α·R + W/β for one collective on one link, R its rounds and W their bytes
+    (:func:`gs_horovod.wire.rounds`), as :func:`pingpong.fit` fits a link: α = the median over
+    rank counts of t/R at the smallest size (Horovod's per-call overhead included); β from the
+    least-squares slope of t against W over the sizes of ≥ BIG bytes (below that tc's token
+    bucket lets a message through at line rate), with an intercept per rank count. None when
+    there is no such slope (fewer than two large sizes at some rank count, or a slope ≤ 0)."""
+    R = np.array([len(rounds(r["collective"], r["bytes"], r["ranks"])) for r in rows], float)
+    W = np.array([sum(rounds(r["collective"], r["bytes"], r["ranks"])) for r in rows], float)
+    t = np.array([r["seconds"] for r in rows], float)
+    n = np.array([r["bytes"] for r in rows])
+    P = np.array([r["ranks"] for r in rows])
+    alpha = float(np.median([t[i] / R[i] for p in set(P.tolist()) for i in np.flatnonzero(P == p)
+                             if n[i] == n[P == p].min()]))
+    big = n >= BIG
+    ps = sorted(set(P[big].tolist()))
+    design = np.stack([P[big] == p for p in ps] + [W[big]], 1).astype(float)
+    coef, _, rank, _ = np.linalg.lstsq(design, t[big], rcond=None)
+    if rank < design.shape[1] or coef[-1] <= 0:
+        return None  # too few large sizes for a slope, or none that grows with the bytes
+    fitted = design @ coef
+    return alpha, 1.0 / float(coef[-1]), float(np.max(np.abs(fitted - t[big]) / t[big]))
+
+
+def fit_collectives(path: Path) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """{link label: {collective kind: (α, β, worst in-sample relative error)}} from a sweep file's
+    ``"kind": "collective"`` rows, every rank count of a link together."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        r = json.loads(line) if line.strip() else {}
+        if r.get("kind") == "collective":
+            groups[r["label"], r["collective"]].append(r)
+    fits: dict[str, dict[str, tuple[float, float, float]]] = defaultdict(dict)
+    for (label, kind), rows in groups.items():
+        fit = fit_kind(rows)
+        if fit:
+            fits[label][kind] = fit
+    return dict(fits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,10 +240,12 @@ def _predict_table(title: str, rows: list[tuple[Cell, float, float, float, float
     return worst, counted
 
 
-def validate(path: Path) -> float:
+def validate(path: Path, collectives: Optional[Path] = None, out: Optional[Path] = None) -> float:
     """Prints the measured tables, the calibration and the predictions of a results file (see
     the module docstring); returns max_rel_error of the out-of-sample shaped predictions over
-    the rows with modelled communication ≥ 20 % of the step (nan when there are none)."""
+    the rows with modelled communication ≥ 20 % of the step (nan when there are none). With
+    ``collectives`` (a sweep file), each collective kind the sweep measured on a link is priced
+    at its own fitted α and β there, the rest at the ping-pong's. ``out``: the result as JSON."""
     links, cells, labels = load(path)
     measured(cells, labels)
     if "local" not in links:
@@ -182,12 +254,29 @@ def validate(path: Path) -> float:
           "| link | α (µs) | β (MB/s) |\n|---|---|---|")
     for label, (alpha, beta) in links.items():
         print(f"| {label} | {alpha * 1e6:.1f} | {beta / 1e6:.1f} |")
+    swept = fit_collectives(collectives) if collectives else {}
+    fits = {label: {kind: (links[label][0], b) for kind, (_, b, _) in by_kind.items()}
+            for label, by_kind in swept.items() if label != "local" and label in links}
+    if swept:
+        print(f"\nβ per collective algorithm and link (fitted to {collectives}: t = α·rounds + round bytes/β, "
+              "β from the slope over ≥ 1 MiB per rank, worst in-sample error there). Priced at the shaped links' "
+              "β with the ping-pong's α per round: the time per round at the smallest size (Horovod's per-call "
+              "overhead, shown) is in the compute the unshaped runs calibrate. The unshaped link keeps the "
+              "ping-pong's α and β: its sweep times CPU contention, not a link.\n\n"
+              "| link | collective | smallest size: s/round (µs) | β (MB/s) | β ÷ ping-pong β | worst fit error "
+              "| used |\n"
+              "|---|---|---|---|---|---|---|")
+        for label, by_kind in swept.items():
+            for kind, (a, b, worst) in by_kind.items():
+                ratio = f"{b / links[label][1]:.2f}" if label in links else ""
+                print(f"| {label} | {kind} | {a * 1e6:.0f} | {b / 1e6:.1f} | {ratio} | {worst:.2f} | "
+                      f"{'yes' if kind in fits.get(label, {}) else 'no'} |")
     compute: dict[tuple[str, int], float] = {}
     print("\nCalibration (in-sample): compute = unshaped median s/step − modelled comm on the unshaped link\n\n"
           "| P | variant | s/step | comm (s) | compute (s) |\n|---|---|---|---|---|")
     for (v, P, label), cell in cells.items():
         if label == "local":
-            comm = comm_seconds(cell.collectives, P, *links["local"])
+            comm = comm_seconds(cell.collectives, P, *links["local"], fits.get("local"))
             compute[v, P] = max(0.0, 1.0 / cell.median - comm)
             print(f"| {P} | {_label(v)} | {1.0 / cell.median:.4f} | {comm:.4f} | {compute[v, P]:.4f} |")
     print()
@@ -196,22 +285,36 @@ def validate(path: Path) -> float:
     if not shaped:
         raise SystemExit(f"{path} has no shaped run with a ping-pong at its rate and an unshaped run of its "
                          "variant and P (scripts/bench/bench_throughput.sh writes all three)")
+    how = ("each collective at its kind's fitted α and β (the α, β columns: the ping-pong's, for kinds not swept)"
+           if fits else "the rate's α and β")
     worst, counted = _predict_table(
-        "Prediction (out-of-sample): shaped runs from the compute calibrated at the same P, the rate's α and β",
-        [(c, a, b, k, comm_seconds(c.collectives, c.ranks, a, b)) for c, a, b, k in shaped])
+        f"Prediction (out-of-sample): shaped runs from the compute calibrated at the same P, {how}",
+        [(c, a, b, k, comm_seconds(c.collectives, c.ranks, a, b, fits.get(c.label))) for c, a, b, k in shaped])
     cross = []
     for c in cells.values():
         base = min((p for v, p in compute if v == c.variant), default=c.ranks)
         if c.ranks > base and c.label in links and c.cores:
             scale = math.ceil(c.ranks / c.cores) / math.ceil(base / c.cores)
             a, b = links[c.label]
-            cross.append((c, a, b, compute[c.variant, base] * scale, comm_seconds(c.collectives, c.ranks, a, b)))
+            cross.append((c, a, b, compute[c.variant, base] * scale,
+                          comm_seconds(c.collectives, c.ranks, a, b, fits.get(c.label))))
+    cross_worst = float("nan")
     if cross:
         cross_worst, cross_counted = _predict_table(
             "Cross-P (out-of-sample, secondary): every run at a larger P from the smallest P's compute "
             "× ranks per core", cross)
         print(f"cross-P max_rel_error {cross_worst:.3f} over {cross_counted} of {len(cross)} rows "
               f"(comm ≥ {SHARE:.0%}); not part of the line below\n")
+    if out:
+        out.write_text(json.dumps({
+            "results": str(path), "collectives": str(collectives) if collectives else None,
+            "max_rel_error": worst, "rows_counted": counted, "rows": len(shaped), "comm_share_counted": SHARE,
+            "target": TARGET, "holds": bool(worst <= TARGET), "cross_p_max_rel_error": cross_worst,
+            "fits": {label: {kind: {"smallest_size_s_per_round": a, "beta_bytes_per_s": b, "worst_fit_error": e,
+                                    "used": kind in fits.get(label, {})}
+                             for kind, (a, b, e) in by_kind.items()} for label, by_kind in swept.items()},
+            "pingpong": {label: {"alpha_s": a, "beta_bytes_per_s": b} for label, (a, b) in links.items()},
+        }, indent=1) + "\n")
     print(f"max_rel_error over {counted} of {len(shaped)} shaped predictions, those whose modelled communication "
           f"is ≥ {SHARE:.0%} of the step (compute calibrated at the same P on unshaped links)")
     print(f"max_rel_error {worst:.3f}")
@@ -378,16 +481,29 @@ def print_projection(args: argparse.Namespace) -> None:
         for rate, by_variant in by_rate.items():
             wins = [_label(v) for v in others if all(g > s for g, s in zip(by_variant[gs], by_variant[v]))]
             print(f"- {model} at {rate:g} Gbit/s: {', '.join(wins) or 'none'}")
+    verdict = json.loads(args.validation.read_text()) if args.validation else None
+    validated = bool(verdict and verdict["holds"])
+    status = (f"validated: the cost model's max_rel_error {verdict['max_rel_error']:.3f} ≤ {verdict['target']} on "
+              f"{verdict['results']}" if validated else
+              f"UNVALIDATED: the cost model's max_rel_error on measured runs is {verdict['max_rel_error']:.3f}, above "
+              f"the {verdict['target']} it must reach ({verdict['results']})" if verdict else
+              "UNVALIDATED: no --validation given")
+    print(f"\nProjection {status}")
     if args.plot:
         plot(table, ranks, gs, args.plot)
     if args.out:
-        args.out.write_text(json.dumps({"ranks": ranks, "ratio": args.ratio, "table": {
-            m: {str(r): v for r, v in t.items()} for m, t in table.items()}}, indent=1))
+        args.out.write_text(json.dumps({"ranks": ranks, "ratio": args.ratio, "validated": validated, "status": status,
+                                        "max_rel_error": verdict["max_rel_error"] if verdict else None,
+                                        "table": {m: {str(r): v for r, v in t.items()} for m, t in table.items()}},
+                                       indent=1))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--validate", type=Path, metavar="RESULTS_JSONL", help="predict bench_throughput.sh's runs")
+    p.add_argument("--collectives", type=Path, metavar="SWEEP_JSONL",
+                   help="validate: α and β per collective algorithm fitted to collective_sweep.sh's rows")
+    p.add_argument("--validation-out", type=Path, help="validate: write max_rel_error, the fits and the verdict here")
     p.add_argument("--project", action="store_true", help="project steps/s to P = 8 … 1024")
     p.add_argument("--variants", default=" ".join(HEADLINE),
                    help="projection: variant words, METHOD[:NAME=VALUE,...], one of them gs (default: %(default)s)")
@@ -399,6 +515,8 @@ def main() -> None:
     p.add_argument("--kernel-json", type=Path,
                    help='projection: measured kernel times, {"seconds_per_element": {method or variant: s}} '
                         "(overrides the passes)")
+    p.add_argument("--validation", type=Path,
+                   help="projection: the --validation-out JSON whose verdict labels the projection")
     p.add_argument("--plot", type=Path, help="projection: write the speed-up plot here")
     p.add_argument("--out", type=Path, help="projection: write the steps/s table as JSON here")
     args = p.parse_args()
@@ -407,7 +525,7 @@ def main() -> None:
     if args.project:
         print_projection(args)
     if args.validate:
-        validate(args.validate)
+        validate(args.validate, args.collectives, args.validation_out)
 
 
 if __name__ == "__main__":
