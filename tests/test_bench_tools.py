@@ -1,21 +1,25 @@
 """Smoke runs of the throughput tools: scripts/bench/bench_throughput.py under a real horovodrun
-(no network namespaces), scripts/bench/cost_model.py's --validate on a generated results file
-and --project, scripts/bench/bench_wire.py counted and measured."""
+(no network namespaces), scripts/bench/cost_model.py's --validate on the measured runs in docs/
+and --project, scripts/bench/bench_wire.py counted, against what the collectives receive, and
+measured."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "bench"
 sys.path.insert(0, str(SCRIPTS))
+import bench_wire  # noqa: E402
 import cost_model  # noqa: E402
 
 from gs_horovod.bench import variants  # noqa: E402
@@ -90,47 +94,66 @@ def test_bench_throughput_smoke(tmp_path: Path) -> None:
         assert r["bytes_per_step"] < 4 * r["params"] / 10  # compressed
 
 
-def _synthetic_results(path: Path) -> int:
-    """A results file as bench_throughput.sh writes it, from known compute and the cost model
-    itself, so every prediction is exact except one planted 10 % error (dense, 100mbit, P = 2);
-    returns how many shaped rows have modelled communication ≥ 20 % of the step."""
-    links = {"local": (20e-6, 1.5e9), "100mbit": (25e-6, 12e6), "1gbit": (20e-6, 118e6)}
-    compute = {"gs": 0.12, "none": 0.04, "sketched": 0.13}
-    shapes = _lm_shapes(512)
-    rows, counted = [], 0
-    for rep in (1, 2, 3):
-        rows += [{"kind": "pingpong", "label": label, "alpha_s": a * (1 + 0.01 * (rep - 2)), "beta_bytes_per_s": b}
-                 for label, (a, b) in links.items()]
-        for P in (2, 4):
-            for variant, c in compute.items():
-                c *= P // 2  # ranks per core
-                collectives = variants.planned(variant, {}, shapes, P, 0.001)
-                for label, (a, b) in links.items():
-                    comm = cost_model.comm_seconds(collectives, P, a, b)
-                    counted += rep == 1 and label != "local" and comm / (c + comm) >= cost_model.SHARE
-                    slow = 1.1 if (variant, label, P) == ("none", "100mbit", 2) else 1.0
-                    rows.append({"kind": "run", "label": label, "repeat": rep, "method": variant, "options": {},
-                                 "variant": variant, "ranks": P, "cpu_count": 2, "bytes_per_step": 1.0,
-                                 "collectives": [list(x) for x in collectives],
-                                 "steps_per_s": (1 + 0.02 * (rep - 2)) / (slow * (c + comm))})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return counted
+def _table(out: str, title: str) -> list[dict[str, str]]:
+    """The rows, as {column: cell}, of the markdown table under the first line of ``out`` that
+    starts with ``title``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    header = next(i for i in range(start, len(lines)) if lines[i].startswith("| "))
+    columns = [c.strip() for c in lines[header].strip("|").split("|")]
+    rows = []
+    for line in lines[header + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
 
 
-def test_cost_model_validate(tmp_path: Path) -> None:
-    results = tmp_path / "results.jsonl"
-    counted = _synthetic_results(results)
-    out = _run(str(SCRIPTS / "cost_model.py"), "--validate", str(results))
-    lines = out.strip().splitlines()
-    name, value = lines[-1].split()
-    assert name == "max_rel_error" and float(value) == pytest.approx(0.1, abs=1e-3)
-    assert lines[-2].startswith(f"max_rel_error over {counted} of 12 shaped predictions")
-    assert 0 < counted < 12
-    assert "| gs-SGD ÷ it, 100mbit | gs-SGD ÷ it, 1gbit |" in out
-    dense = 1 / (0.04 + cost_model.comm_seconds(variants.planned("none", {}, _lm_shapes(512), 2), 2, 20e-6, 1.5e9))
-    assert f"| dense | 1 | {dense:.3f} ({0.98 * dense:.3f}–{1.02 * dense:.3f}) |" in out  # median, min–max of 3
-    cross = next(line for line in lines if line.startswith("cross-P max_rel_error"))
-    assert float(cross.split()[2]) == pytest.approx(0.0, abs=1e-3)  # compute scales by ranks per core exactly
+def _predictions(path: Path) -> tuple[str, dict[tuple[str, int, str], dict[str, str]]]:
+    """cost_model.py --validate's output on ``path`` and its out-of-sample predictions by (link, P, label)."""
+    out = _run(str(SCRIPTS / "cost_model.py"), "--validate", str(path))
+    rows = _table(out, "Prediction (out-of-sample)")
+    return out, {(r["link"], int(r["P"]), r["variant"]): r for r in rows}
+
+
+def test_cost_model_validates_on_measured_rows_it_never_fitted(tmp_path: Path) -> None:
+    """On the measured runs in docs/throughput_fair.jsonl (P = 2 and 4, 10 variants, unshaped and
+    two shaped links, 3 repeats): each shaped prediction is measured against the file's own median, its error is
+    |predicted − measured| / measured, the last line is the worst counted one; and the shaped
+    runs are held out: scaling their steps/s leaves every prediction unchanged, while scaling
+    the unshaped runs (the compute calibration) moves them."""
+    data = [json.loads(line) for line in (ROOT / "docs" / "throughput_fair.jsonl").read_text().splitlines() if line]
+    runs = [r for r in data if r["kind"] == "run"]
+
+    def write(name: str, scale: Any) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({**r, "steps_per_s": r["steps_per_s"] * scale(r)} if r["kind"] == "run"
+                                           else r) + "\n" for r in data))
+        return path
+
+    out, base = _predictions(write("as_measured.jsonl", lambda r: 1.0))
+    label = {r["variant"]: variants.variant_label(*variants.parse_variant(r["variant"])) for r in runs}
+    shaped = {(r["label"], r["ranks"], label[r["variant"]]) for r in runs if r["label"] != "local"}
+    assert set(base) == shaped and len(shaped) == 40
+    counted = []
+    for (link, P, name), row in base.items():
+        median = statistics.median(r["steps_per_s"] for r in runs
+                                   if (r["label"], r["ranks"], label[r["variant"]]) == (link, P, name))
+        measured, predicted = float(row["measured steps/s"].split()[0]), float(row["predicted"])
+        assert measured == pytest.approx(median, abs=5e-4)
+        assert float(row["rel. error"]) == pytest.approx(abs(predicted - median) / median, abs=2e-3)
+        if "not counted" not in row["comm share"]:
+            counted.append(row["rel. error"])
+    assert counted and out.strip().splitlines()[-1] == f"max_rel_error {max(counted, key=float)}"
+
+    _, held_out = _predictions(write("shaped_scaled.jsonl", lambda r: 1.0 if r["label"] == "local" else
+                                     1.5 if r["ranks"] == 2 else 0.6))
+    for key, row in base.items():
+        assert held_out[key]["predicted"] == row["predicted"], key
+        assert float(held_out[key]["measured steps/s"].split()[0]) != pytest.approx(float(
+            row["measured steps/s"].split()[0]), rel=0.05)
+    _, calibration = _predictions(write("local_scaled.jsonl", lambda r: 0.5 if r["label"] == "local" else 1.0))
+    assert all(calibration[key]["predicted"] != row["predicted"] for key, row in base.items())
 
 
 def test_cost_model_project(tmp_path: Path) -> None:
@@ -146,7 +169,43 @@ def test_cost_model_project(tmp_path: Path) -> None:
             assert all(len(s) == 8 and all(x > 0 for x in s) for s in by_variant.values())
 
 
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
+    """bench_wire's counted bytes (each method's plan from the shape alone) against one step of
+    every variant that runs on simulated ranks, its bytes counted by the transport from the
+    tensors each collective is handed (SimulatedComm's Traffic; the alltoalls' wire bytes from
+    what each rank really sent and received): the same collectives, payload and wire bytes."""
+    import torch
+
+    from gs_horovod.baselines import ExchangeOptimizer
+    from gs_horovod.bench.methods import METHODS
+    from gs_horovod.simulated import SimulatedRanks
+
+    shape, ratio = (20, 5000), 0.001
+    counted = bench_wire.counted(shape, ratio, ranks)
+    runnable = [v for v in bench_wire.VARIANTS if METHODS[variants.parse_variant(v)[0]].simulated_too
+                and "merge" not in variants.parse_variant(v)[1]]
+    assert len(runnable) == len(bench_wire.VARIANTS) - 2  # fp16 is Horovod's, merge=mpi needs MPI
+    for v in runnable:
+        method, options = variants.parse_variant(v)
+
+        def rank_fn(rank: int, comm: Any, method: str = method, options: dict = options) -> tuple:
+            param = torch.nn.Parameter(torch.zeros(shape))
+            exchange = METHODS[method].simulated(comm, ratio if variants.takes_ratio(method) else None, options)
+            opt = ExchangeOptimizer(torch.optim.SGD([param], lr=0.0), [("w", param)], exchange, comm)
+            param.grad = torch.randn(shape, generator=torch.Generator().manual_seed(rank))
+            opt.step()
+            return comm.traffic.last_step, comm.traffic.per_step()
+
+        for step, (payload, wire) in SimulatedRanks(ranks).run(rank_fn):
+            assert step == variants.planned(method, options, [shape], ranks, ratio), v
+            assert (payload, wire) == pytest.approx(counted[v]), v
+
+
 def test_bench_wire_counted_and_measured(tmp_path: Path) -> None:
+    """bench_wire --table, and --measure on 2 Horovod ranks against the counted table (the
+    baselines' meters count at the transport; gs-SGD's and dense's meters follow the plan,
+    whose bytes the test above checks against what the collectives receive)."""
     counted = tmp_path / "counted.json"
     out = _run(str(SCRIPTS / "bench_wire.py"), "--table", "--d", "100000", "--out", str(counted))
     assert "| 1024 |" in out and "PowerSGD r4" in out
