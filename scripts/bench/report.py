@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 import bench_convergence as conv  # noqa: E402
 
 ROOT = HERE.parents[1]
-FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "README.md")
+FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md", "README.md")
 MARKER = re.compile(r"<!-- report:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /report:(?P=name) -->", re.S)
 
 Block = Callable[[Path], str]
@@ -434,6 +434,21 @@ def step_table(docs: Path) -> str:
         lines.append(f"| {name} | {r['tensors']} | {r['params']:,} | {r['dense']:.4f} | {r['gs']:.4f} "
                      f"| {r['gs'] / r['dense']:.1f} | {r['one float']:.4f} |")
     return "\n".join(lines)
+
+
+def merge_table(docs: Path, name: str) -> str:
+    """``bench_merge.py``'s table (median ms per call) from its ``--out`` file."""
+    lines = ["| sketch bytes | tree flat | tree node-aware | Horovod allreduce | MPI.Allreduce "
+             "| tree flat bytes sent (rank 0) | doubling rounds (rank 0) |", "|---|---|---|---|---|---|---|"]
+    for r in load(docs, name)["rows"]:
+        lines.append(f"| {r['bytes']:,} | {r['tree_flat_ms']:.3f} | {r['tree_node_aware_ms']:.3f} "
+                     f"| {r['horovod_ms']:.3f} | {r['mpi_allreduce_ms']:.3f} | {r['tree_flat_bytes_sent_rank0']:,.0f} "
+                     f"| {r['tree_flat_rounds_rank0']:.0f} |")
+    return "\n".join(lines)
+
+
+block("merge.P2")(lambda docs: merge_table(docs, "merge_benchmark_P2.json"))
+block("merge.P4")(lambda docs: merge_table(docs, "merge_benchmark_P4.json"))
 
 
 # ---------------------------------------------------------------------------------------------
