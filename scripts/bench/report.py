@@ -34,7 +34,8 @@ sys.path.insert(0, str(HERE))
 import bench_convergence as conv  # noqa: E402
 
 ROOT = HERE.parents[1]
-FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md", "README.md")
+FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md",
+         "docs/reliability.md", "README.md")
 MARKER = re.compile(r"<!-- report:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /report:(?P=name) -->", re.S)
 
 Block = Callable[[Path], str]
@@ -449,6 +450,17 @@ def merge_table(docs: Path, name: str) -> str:
 
 block("merge.P2")(lambda docs: merge_table(docs, "merge_benchmark_P2.json"))
 block("merge.P4")(lambda docs: merge_table(docs, "merge_benchmark_P4.json"))
+
+
+@block("soak")
+def soak(docs: Path) -> str:
+    """``soak.py``'s lines from ``docs/soak.json``: RSS per rank at each sample, growth after the first."""
+    d = load(docs, "soak.json")
+    lines = ["```"] + [f"step {s['step']:6d}  RSS MiB per rank {[round(v, 1) for v in s['rss_mib']]}  "
+                       f"tensor states {s['states']}" for s in d["samples"]]
+    lines.append(f"growth after step {d['samples'][0]['step']}: "
+                 + ", ".join(f"rank {r} {100 * g:+.2f} %" for r, g in enumerate(d["growth"])))
+    return "\n".join(lines + ["```"])
 
 
 # ---------------------------------------------------------------------------------------------
