@@ -141,22 +141,22 @@ class CheckpointApi:
     def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
         raise NotImplementedError
 
-    def _all_arrive(self, method: str) -> None:
-        """Raises RuntimeError on this rank unless every rank called ``method`` (a collective)
-        at the same point within ``checkpoint_timeout``; after that this rank is out of step,
-        and its next gs-SGD step raises on every rank (:meth:`agree`)."""
+    def _all_arrive(self) -> None:
+        """Raises RuntimeError on this rank unless every rank called ``state_dict()`` at the same
+        point within ``checkpoint_timeout``; after that this rank is out of step, and its next
+        gs-SGD step raises on every rank (:meth:`agree`)."""
         if self._out_of_step:
             raise RuntimeError(self._out_of_step)
         self._arrivals += 1
         size, timeout = self._size(), self.checkpoint_timeout
-        total = self._arrive(ABORT, f"gs_horovod.{method}.{self._arrivals}", timeout)
+        total = self._arrive(ABORT, f"gs_horovod.state_dict.{self._arrivals}", timeout)
         if total is not None and total == size * ABORT:
             return
         owner = type(self).__name__
         seen = (f"not every rank called it within checkpoint_timeout={timeout:g} s" if total is None
                 else "the other ranks were in a gs-SGD step")
         self._out_of_step = (
-            f"{owner}.{method}() is a collective: every rank calls it at the same point, but {seen}. Save as\n"
+            f"{owner}.state_dict() is a collective: every rank calls it at the same point, but {seen}. Save as\n"
             f"    {self.save_idiom}   # on every rank; rank 0 gets every rank's state, the others None\n"
             "    if rank == 0:\n        save it with the model\n"
             "and load with load_state_dict() on rank 0 alone (or on every rank, the others passing None). "
@@ -172,7 +172,7 @@ class CheckpointApi:
         of rank 0, 1, ...]}``. Called on some ranks only (``if rank == 0: save(gs.state_dict())``),
         it raises RuntimeError on them within ``checkpoint_timeout`` seconds (at once where the
         others' next step meets it), showing the idiom, and the next step raises on every rank."""
-        self._all_arrive("state_dict")
+        self._all_arrive()
         return gather_state(self.local_state_dict(), self._exchange, self._rank(), self._size())
 
     def load_state_dict(self, state: Optional[dict[str, Any]]) -> None:
@@ -191,6 +191,11 @@ class CheckpointApi:
                 raise ValueError(error)
             self._to_restore = state
             self._flag_changed()
+
+    def _forget_checkpoint_calls(self) -> None:
+        """For ``reset()`` (a new set of ranks): no state to restore, in step, calls counted anew."""
+        self._to_restore, self._out_of_step, self._arrivals = None, "", 0
+        self._flag_changed()
 
     def _flag_changed(self) -> None:
         """Called when :meth:`step_flag` may have changed (TF keeps it in a variable)."""

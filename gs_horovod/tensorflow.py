@@ -189,8 +189,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         yet used: the variables stay, as Horovod's traced step holds them. Call it from a
         Horovod elastic reset callback. A state loaded but not yet restored is dropped."""
         self._restored = _Restored()
-        self._to_restore, self._out_of_step = None, ""
-        self._flag_changed()
+        self._forget_checkpoint_calls()
         for st in self.states.values():
             st.residual.assign(tf.zeros_like(st.residual))
             if st.momentum is not None:

@@ -152,7 +152,7 @@ class GsSketch(GsSketchBase, Compressor):
         self._states.clear()
         self._restored.clear()
         self._comms = None
-        self._to_restore, self._out_of_step = None, ""
+        self._forget_checkpoint_calls()
 
     def _load(self, state: dict[str, Any]) -> None:
         self._restored = dict(state["tensors"])
