@@ -284,9 +284,20 @@ def test_heavy_hitters_raise_the_threshold_when_too_many_survive(backend, monkey
     length, keys, rows = (1500 if backend == "cuda" else 50_000), hash_keys(6), 3
     table = planted_table(rows, 40, length, keys, 0, seed=9)
     module = numba_cpu if backend == "numba" else torch_ops
-    monkeypatch.setattr(module, "first_threshold_rank", lambda cells, *args: cells)
+    zero_thresholds = []
+
+    def zero_threshold(cells, *args):
+        zero_thresholds.append(cells)
+        return cells  # the last cell of the sample: threshold 0, every coordinate survives
+
+    monkeypatch.setattr(module, "first_threshold_rank", zero_threshold)
     for count in (1, 30, 200):
+        zero_thresholds.clear()
         check_heavy_hitters(backend, table, keys, length, count, 0)
+        # the scan started at T = 0 (the patched rank was used), where all `length` coordinates
+        # survive: more than the kernel's buffer holds, so it had to raise its threshold to be right
+        assert zero_thresholds, "the zero first threshold was not used"
+        assert length > count + max(count // 2, 1024) or backend == "cuda"
 
 
 def test_heavy_hitters_ties_and_a_zero_table():

@@ -19,6 +19,7 @@ from rank_result import write_result
 
 EXACT = dict(ratio=1.0, rows=1, width=1.0, candidates=1, exact=True, min_size=1)  # k = D: the dense mean
 OPTIONS = dict(ratio=0.05, min_size=64)
+EXCHANGES = ("sketch", "allgather", "sparse")  # named: at 2-3 ranks "auto" would pick the allgather
 BUCKET_MB = 0.005  # small buckets: mlp()'s 6,922 parameters fall into 2 once DDP rebuilds them
 
 
@@ -88,20 +89,21 @@ def ddp(module: torch.nn.Module, state: Any = None, **kw: Any) -> Any:
     return model
 
 
-def exact_equals_default(result: dict, rank: int, label: str, steps: int = 4, **kw: Any) -> None:
+def exact_equals_default(result: dict, rank: int, label: str, steps: int = 4, exchange: str = "auto",
+                         **kw: Any) -> None:
     """k = D through gs_hook against DDP's default hook, same batches: max |Δ weights|."""
     from gs_horovod.ddp import GsState
 
     idiom = {k: kw.pop(k) for k in ("micro", "skip_last", "autocast") if k in kw}
     default, gs = mlp(0), mlp(0)
     run(default, ddp(default, **kw), range(steps), rank, **idiom)
-    state = GsState(gs, **EXACT)
+    state = GsState(model=gs, **EXACT, exchange=exchange)
     run(gs, ddp(gs, state, **kw), range(steps), rank, **idiom)
     result[f"exact_{label}_max_abs_diff"] = (flat(default.parameters()) - flat(gs.parameters())).abs().max().item()
     result[f"exact_{label}_steps"] = state.stats.steps
 
 
-def top_k(result: dict, rank: int) -> None:
+def top_k(result: dict, rank: int, exchange: str) -> None:
     """Nonzeros of each step's update over all buckets together, and the bucket indices seen."""
     from gs_horovod.ddp import GsState, gs_hook
 
@@ -114,8 +116,9 @@ def top_k(result: dict, rank: int) -> None:
     for label, options in (("global", {"ratio": 0.02}), ("layer", {"ratio": 0.02, "scope": "layer"}),
                            ("fixed", {"k": 100})):
         module = mlp(1)
-        model = ddp(module)  # the sketch: exactly k applied (the allgather applies its whole union)
-        model.register_comm_hook(GsState(module, min_size=1, exchange="sketch", **options), counting)
+        model = ddp(module)  # apply="topk": exactly k applied (the allgather's own applies its whole union)
+        model.register_comm_hook(GsState(model=module, min_size=1, exchange=exchange, apply="topk", **options),
+                                 counting)
         calls.clear()
         updates = run(module, model, range(3), rank)
         result[f"topk_{label}_nonzeros"] = [int((u != 0).sum()) for u in updates]
@@ -125,11 +128,19 @@ def top_k(result: dict, rank: int) -> None:
     result["sizes"] = [p.numel() for p in mlp(1).parameters()]
 
 
-def compared_updates(result: dict, rank: int) -> None:
+def compared_updates(result: dict, rank: int, exchange: str) -> None:
     from gs_horovod.ddp import GsState
 
     module = mlp(2)
-    result["updates"] = [u.tolist() for u in run(module, ddp(module, GsState(module, **OPTIONS)), range(3), rank)]
+    state = GsState(model=module, **OPTIONS, exchange=exchange)
+    result["updates"] = [u.tolist() for u in run(module, ddp(module, state), range(3), rank)]
+    # the DDP model itself given as the model (its parameters named "module.<name>")
+    from gs_horovod.ddp import gs_hook
+
+    module = mlp(2)
+    model = ddp(module)
+    model.register_comm_hook(GsState(model=model, **OPTIONS, exchange=exchange), gs_hook)
+    result["updates_ddp_as_model"] = [u.tolist() for u in run(module, model, range(3), rank)]
 
 
 def horovod_updates(out_dir: str) -> None:
@@ -140,63 +151,69 @@ def horovod_updates(out_dir: str) -> None:
 
     hvd.init()
     torch.set_num_threads(1)
-    model = mlp(2)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), compression=GsSketch(**OPTIONS))
-    updates = []
-    for i in range(3):
-        opt.zero_grad()
-        x, y = batch(i, hvd.rank())
-        F.cross_entropy(model(x), y).backward()
-        opt.synchronize()
-        updates.append(grads(model).tolist())
-        with opt.skip_synchronize():
-            opt.step()
-    write_result(out_dir, hvd.rank(), {"updates": updates})
+    result = {}
+    for exchange in EXCHANGES:
+        model = mlp(2)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(),
+                                       compression=GsSketch(**OPTIONS, exchange=exchange))
+        updates = []
+        for i in range(3):
+            opt.zero_grad()
+            x, y = batch(i, hvd.rank())
+            F.cross_entropy(model(x), y).backward()
+            opt.synchronize()
+            updates.append(grads(model).tolist())
+            with opt.skip_synchronize():
+                opt.step()
+        result[exchange] = {"updates": updates}
+    write_result(out_dir, hvd.rank(), result)
 
 
-def resume(result: dict, rank: int, out_dir: str, n: int = 3) -> None:
+def resume(result: dict, rank: int, out_dir: str, exchange: str, n: int = 3) -> None:
     """2n steps straight vs n steps, saved (rank 0 writes one file; and one file per rank),
     fresh model, DDP and GsState, n more steps; "not_loaded": the same without GsState's state."""
 
     from gs_horovod.ddp import GsState
 
-    options = dict(OPTIONS, momentum=0.5)
+    options = dict(OPTIONS, momentum=0.5, exchange=exchange)
     straight = mlp(3)
-    run(straight, ddp(straight, GsState(straight, **options)), range(2 * n), rank)
+    straight_state = GsState(model=straight, **options)
+    run(straight, ddp(straight, straight_state), range(2 * n), rank)
     result["straight"] = digest(straight)
+    final = straight_state.local_state_dict()["tensors"]
 
     first = mlp(3)
-    state = GsState(first, **options)
+    state = GsState(model=first, **options)
     run(first, ddp(first, state), range(n), rank)
     gathered, local = state.state_dict(), state.local_state_dict()
-    path = os.path.join(out_dir, "checkpoint.pt")
+    path = os.path.join(out_dir, f"checkpoint_{exchange}.pt")
     if rank == 0:
         torch.save({"model": first.state_dict(), "gs": gathered}, path)
-    torch.save(local, os.path.join(out_dir, f"local{rank}.pt"))
+    torch.save(local, os.path.join(out_dir, f"local{rank}_{exchange}.pt"))
     dist.barrier()
     for label in ("gathered", "local", "not_loaded"):
         module = mlp(4)  # other weights: everything comes from the file
         module.load_state_dict(torch.load(path)["model"])
-        fresh = GsState(module, **options)
+        fresh = GsState(model=module, **options)
         if label == "gathered":
             fresh.load_state_dict(torch.load(path)["gs"] if rank == 0 else None)
         elif label == "local":
-            fresh.load_local_state_dict(torch.load(os.path.join(out_dir, f"local{rank}.pt")))
-        restored = fresh.local_state_dict()["tensors"]
-        result[f"{label}_own_residuals_back"] = sorted(restored) == sorted(local["tensors"]) and all(
-            torch.equal(restored[n]["residual"], t["residual"]) for n, t in local["tensors"].items())
-        run(module, ddp(module, fresh), range(n, 2 * n), rank)
+            fresh.load_local_state_dict(torch.load(os.path.join(out_dir, f"local{rank}_{exchange}.pt")))
+        run(module, ddp(module, fresh), range(n, 2 * n), rank)  # "gathered": restored at the first step
         result[f"{label}_resumed"] = digest(module)
+        resumed = fresh.local_state_dict()["tensors"]  # each rank's own: the straight run's residuals
+        result[f"{label}_own_residuals_back"] = sorted(resumed) == sorted(final) and all(
+            torch.equal(resumed[n]["residual"], t["residual"]) for n, t in final.items())
 
 
-def nonfinite(result: dict, rank: int) -> None:
+def nonfinite(result: dict, rank: int, exchange: str) -> None:
     """One NaN in one gradient on rank 1 at step 1, under nonfinite="raise" and "skip"."""
     from gs_horovod.ddp import GsState
 
     for mode in ("raise", "skip"):
         module = mlp(5)
-        state = GsState(module, **OPTIONS, nonfinite=mode)
+        state = GsState(model=module, **OPTIONS, nonfinite=mode, exchange=exchange)
         model = ddp(module, state)
         run(module, model, range(1), rank)
         before = {n: t["residual"].clone() for n, t in state.local_state_dict()["tensors"].items()}
@@ -220,7 +237,7 @@ def mismatch(result: dict, rank: int) -> None:
 
     module = mlp(6)
     try:
-        run(module, ddp(module, GsState(module, **OPTIONS, seed=rank)), range(1), rank)
+        run(module, ddp(module, GsState(model=module, **OPTIONS, seed=rank)), range(1), rank)
         result["mismatch_seed_error"] = None
     except ValueError as e:
         result["mismatch_seed_error"] = f"ValueError: {e}"
@@ -238,12 +255,12 @@ def idioms(result: dict, rank: int) -> None:
     exact_equals_default(result, rank, "static_graph", static_graph=True)
     exact_equals_default(result, rank, "autocast", autocast=True)
     module = mlp(7)
-    run(module, ddp(module, GsState(module, **OPTIONS)), range(3), rank, autocast=True)
+    run(module, ddp(module, GsState(model=module, **OPTIONS)), range(3), rank, autocast=True)
     result["autocast_gs_digest"] = digest(module)
     result["autocast_gs_finite"] = bool(torch.isfinite(flat(module.parameters())).all())
     default, gs = mlp(0), mlp(0)
     run(default, DistributedDataParallel(default), range(3), rank)
-    state = GsState(gs, **EXACT)
+    state = GsState(model=gs, **EXACT)
     try:
         model = DistributedDataParallel(gs)  # default buckets: Dynamo's DDPOptimizer wants the first smallest
         model.register_comm_hook(state, gs_hook)
@@ -277,14 +294,17 @@ def main(out_dir: str, scenarios: str = "all") -> None:
     torch.set_num_threads(1)
     rank = dist.get_rank()
     result: dict = {"rank": rank, "size": dist.get_world_size()}
-    exact_equals_default(result, rank, "plain")
-    top_k(result, rank)
-    compared_updates(result, rank)
-    resume(result, rank, out_dir)
+    for exchange in EXCHANGES:
+        out = result[exchange] = {}
+        exact_equals_default(out, rank, "plain", exchange=exchange)
+        top_k(out, rank, exchange)
+        compared_updates(out, rank, exchange)
+        resume(out, rank, out_dir, exchange)
     if scenarios == "all":
         idioms(result, rank)
         powersgd_bytes(result, rank)
-    nonfinite(result, rank)  # last: they leave their DDP models mid-step
+    for exchange in EXCHANGES:  # last: they leave their DDP models mid-step
+        nonfinite(result[exchange], rank, exchange)
     mismatch(result, rank)
     write_result(out_dir, rank, result)
     dist.destroy_process_group()

@@ -2,8 +2,9 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_reliability.py OUT_DIR
 
-Faults are injected into one known gradient (a NaN on one rank) or, for the selection
-checksum, into one rank's heavy-hitter choice; everything else is the real GsSketch inside
+Every scenario runs for each exchange (its results under ``result[exchange]``). Faults are
+injected into one known gradient (a NaN or an Inf on one rank) or, for the selection checksum,
+into one rank's heavy-hitter choice (the sketch's); everything else is the real GsSketch inside
 Horovod.
 """
 
@@ -15,7 +16,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 from rank_result import write_result
-from torch_scenarios import digest, digits_shard, distributed, flat, mlp
+from torch_scenarios import EXCHANGES, digest, digits_shard, distributed, flat, mlp
 
 from gs_horovod.torch import GsSketch
 
@@ -27,12 +28,13 @@ def batch(x: torch.Tensor, y: torch.Tensor, step: int) -> tuple[torch.Tensor, to
     return x[idx], y[idx]
 
 
-def step(model, opt, x, y, i: int, poison: torch.nn.Parameter | None = None) -> None:
-    """One SGD step; ``poison``: this parameter's gradient gets one NaN (before Horovod sees it)."""
+def step(model, opt, x, y, i: int, poison: torch.nn.Parameter | None = None, value: float = float("nan")) -> None:
+    """One SGD step; ``poison``: this parameter's gradient gets one ``value`` (NaN; before
+    Horovod sees it)."""
     xb, yb = batch(x, y, i)
     handle = None
     if poison is not None:
-        handle = poison.register_hook(lambda g: g.index_fill(0, torch.tensor([3]), float("nan")))
+        handle = poison.register_hook(lambda g: g.index_fill(0, torch.tensor([3]), value))
     opt.zero_grad()
     F.cross_entropy(model(xb), yb).backward()
     if handle is not None:
@@ -40,36 +42,49 @@ def step(model, opt, x, y, i: int, poison: torch.nn.Parameter | None = None) -> 
     opt.step()
 
 
-def nonfinite(result: dict, x, y) -> None:
-    for mode in ("raise", "skip"):
+def nonfinite(out: dict, exchange: str, x, y) -> None:
+    """A NaN (nonfinite="raise") or +Inf ("skip") planted in one gradient on rank 1 at step 1."""
+    for mode, value in (("raise", float("nan")), ("skip", float("inf"))):
         model = mlp(7)
-        gs = GsSketch(ratio=0.05, min_size=64, nonfinite=mode)
-        opt = distributed(model, f"n.{mode}.", gs)
+        gs = GsSketch(ratio=0.05, min_size=64, nonfinite=mode, exchange=exchange)
+        opt = distributed(model, f"n.{exchange}.{mode}.", gs)
         step(model, opt, x, y, 0)
-        residuals = {n: t["residual"].clone() for n, t in gs.local_state_dict()["tensors"].items()}
+        before = gs.local_state_dict()["tensors"]
+        residuals = {n: t["residual"].clone() for n, t in before.items()}
+        steps = {n: t["steps"] for n, t in before.items()}
         params = flat(model).clone()
         try:
-            step(model, opt, x, y, 1, poison=model[2].weight if hvd.rank() == 1 else None)
-            result[f"nan_{mode}_error"] = None
+            step(model, opt, x, y, 1, poison=model[2].weight if hvd.rank() == 1 else None, value=value)
+            out[f"nan_{mode}_error"] = None
         except FloatingPointError as e:
-            result[f"nan_{mode}_error"] = str(e)
+            out[f"nan_{mode}_error"] = str(e)
         after = gs.local_state_dict()["tensors"]
-        result[f"nan_{mode}_residuals_unchanged"] = all(torch.equal(after[n]["residual"], r)
-                                                        for n, r in residuals.items())
-        result[f"nan_{mode}_params_unchanged"] = bool(torch.equal(flat(model), params))
-        result[f"nan_{mode}_skipped"] = gs.stats.skipped
+        out[f"nan_{mode}_residuals_unchanged"] = all(torch.equal(after[n]["residual"], r) for n, r in residuals.items())
+        out[f"nan_{mode}_steps_unchanged"] = {n: t["steps"] for n, t in after.items()} == steps
+        out[f"nan_{mode}_skipped"] = gs.stats.skipped
         if mode == "skip":  # (after "raise" Horovod's optimizer itself is mid-step: the job ends)
+            # the optimizer stepped with the zero update: the parameters did not move
+            out["nan_skip_params_unchanged"] = bool(torch.equal(flat(model), params))
             step(model, opt, x, y, 2)
-            result["nan_skip_then_finite"] = bool(torch.isfinite(flat(model)).all())
-            result["nan_skip_then_digest"] = digest(model)
+            out["nan_skip_then_finite"] = bool(torch.isfinite(flat(model)).all())
+            out["nan_skip_then_moved"] = bool(not torch.equal(flat(model), params))
+            out["nan_skip_then_digest"] = digest(model)
 
 
-def selection_checksum(result: dict, x, y) -> None:
+def selection_checksum(out: dict, exchange: str, x, y) -> None:
+    """check_every=1 on a healthy run must pass; under the sketch, one rank whose sketch
+    nominates every candidate one coordinate off must make every rank raise."""
     model = mlp(8)
-    opt = distributed(model, "k.ok.", GsSketch(ratio=0.05, min_size=64, check_every=1))
-    for i in range(3):
-        step(model, opt, x, y, i)
-    result["check_every_clean"] = True
+    opt = distributed(model, f"k.{exchange}.ok.", GsSketch(ratio=0.05, min_size=64, check_every=1,
+                                                           exchange=exchange))
+    try:
+        for i in range(3):
+            step(model, opt, x, y, i)
+        out["check_every_clean_error"] = None
+    except RuntimeError as e:
+        out["check_every_clean_error"] = str(e)
+    if exchange != "sketch":
+        return
     model = mlp(8)
     gs = GsSketch(ratio=0.05, min_size=64, check_every=2, exchange="sketch")
     if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
@@ -80,16 +95,16 @@ def selection_checksum(result: dict, x, y) -> None:
             return (idx + 1) % length, est
 
         gs.ops.heavy_hitters = skewed
-    opt = distributed(model, "k.bad.", gs)
+    opt = distributed(model, f"k.{exchange}.bad.", gs)
     try:
         for i in range(3):
             step(model, opt, x, y, i)
-        result["check_every_error"] = None
+        out["check_every_error"] = None
     except RuntimeError as e:
-        result["check_every_error"] = f"step {i}: {e}"
+        out["check_every_error"] = f"step {i}: {e}"
 
 
-def odd_shapes(result: dict, x, y) -> None:
+def odd_shapes(out: dict, exchange: str, x, y) -> None:
     """A 0-d parameter, an empty one, fp16 and fp32 tensors in one model, with min_size=1."""
 
     class Odd(torch.nn.Module):
@@ -105,13 +120,13 @@ def odd_shapes(result: dict, x, y) -> None:
             return self.scale * self.fc(inp) + self.bias16.float() + self.empty.sum()
 
     model = Odd()
-    gs = GsSketch(ratio=0.5, min_size=1)
+    gs = GsSketch(ratio=0.5, min_size=1, exchange=exchange)
     opt = distributed(model, "o.", gs, lr=0.01)
     for i in range(3):
         step(model, opt, x, y, i)
-    result["odd_steps"] = {n: t["steps"] for n, t in gs.local_state_dict()["tensors"].items()}
-    result["odd_dtypes"] = {n: str(p.grad.dtype) + str(tuple(p.grad.shape)) for n, p in model.named_parameters()}
-    result["odd_digest"] = digest(model)
+    out["odd_steps"] = {n: t["steps"] for n, t in gs.local_state_dict()["tensors"].items()}
+    out["odd_dtypes"] = {n: str(p.grad.dtype) + str(tuple(p.grad.shape)) for n, p in model.named_parameters()}
+    out["odd_digest"] = digest(model)
 
 
 def main(out_dir: str) -> None:
@@ -119,9 +134,11 @@ def main(out_dir: str) -> None:
     torch.set_num_threads(1)
     x, y = digits_shard()
     result: dict = {"rank": hvd.rank()}
-    nonfinite(result, x, y)
-    selection_checksum(result, x, y)
-    odd_shapes(result, x, y)
+    for exchange in EXCHANGES:
+        out = result[exchange] = {}
+        odd_shapes(out, exchange, x, y)
+        selection_checksum(out, exchange, x, y)
+        nonfinite(out, exchange, x, y)
     write_result(out_dir, hvd.rank(), result)
 
 

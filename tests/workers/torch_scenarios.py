@@ -1,19 +1,27 @@
 """Runs under ``horovodrun``: gs-SGD scenarios on real Horovod ranks, one JSON file per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_scenarios.py OUT_DIR
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_scenarios.py OUT_DIR {all,gloo,mpi}
 
-The pytest side (tests/test_horovod_torch.py) reads the files and asserts.
+Every exchange-dependent scenario runs once per exchange ("sketch", "allgather", "sparse",
+named explicitly: at 2-3 ranks ``exchange="auto"`` would pick the allgather), its results under
+``result[exchange]``; the bytes each step hands to Horovod are counted by
+:class:`handed_over.HandedOver`. The pytest side (tests/test_horovod_torch.py) reads the files
+and asserts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import time
+from dataclasses import asdict
+from typing import Any
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from handed_over import HandedOver, count_collectives
 from rank_result import write_result
 from sklearn.datasets import load_digits
 
@@ -32,6 +40,10 @@ def digits_shard() -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.from_numpy(x.astype(np.float32) / 16.0)
     y = torch.from_numpy(y)
     return x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+
+
+EXCHANGES = ("sketch", "allgather", "sparse")
+K_EQUALS_D = dict(ratio=1.0, rows=1, width=1.0, min_size=1)  # every coordinate applied: the dense mean
 
 
 def distributed(model: torch.nn.Module, prefix: str, compression, lr: float = 0.1, **kw):
@@ -77,97 +89,273 @@ def evaluate(model, x, y) -> tuple[float, float]:
     return loss, acc
 
 
-def mpi_merge(result: dict, x: torch.Tensor, y: torch.Tensor) -> None:
-    """merge="mpi": sketches merged by gs_horovod.mpi.tree_allreduce instead of Horovod."""
+def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
+    return (flat(a) - flat(b)).abs().max().item()
+
+
+def counted_run(out: dict, label: str, gs: GsSketch, steps: int, x, y, seed: int = 1, **kw: Any) -> None:
+    """``steps`` steps of mlp(seed) with ``gs``: the digest after each, the bytes handed to
+    Horovod by name (:class:`HandedOver`) and gs's own CommStats."""
+    model = mlp(seed)
+    opt = distributed(model, f"{label}.", gs, **kw)
+    digests = []
+    with HandedOver() as counted:
+        for _ in range(steps):
+            train(model, opt, x, y, steps=1)
+            digests.append(digest(model))
+    out[f"{label}_digests"] = digests
+    out[f"{label}_counted"] = counted.engine()
+    out[f"{label}_optimizer_bytes"] = counted.total("optimizer:")
+    out[f"{label}_stats"] = asdict(gs.stats)
+
+
+def dense_references(x, y) -> dict[str, torch.Tensor]:
+    """Dense Horovod runs the exchanges are compared with: 5 steps of mlp(0) with op Average and
+    Sum ("avg", "sum"), mlp(6) after 2 and 4 steps ("warmup2", "warmup4")."""
+    refs = {}
+    for label, op in (("avg", hvd.Average), ("sum", hvd.Sum)):
+        model = mlp(0)
+        train(model, distributed(model, f"c.{label}.dense.", hvd.Compression.none, lr=0.05, op=op), x, y, steps=5)
+        refs[label] = flat(model)
+    model = mlp(6)
+    opt = distributed(model, "w.dense.", hvd.Compression.none)
+    for label in ("warmup2", "warmup4"):
+        train(model, opt, x, y, steps=2)
+        refs[label] = flat(model)
+    return refs
+
+
+def k_equals_d(out: dict, exchange: str, refs: dict, x, y) -> None:
+    """k = D (each exchange with its own exact round or not) against dense, op Average and
+    Sum: 5 steps."""
+    for label, op in (("avg", hvd.Average), ("sum", hvd.Sum)):
+        gs = mlp(0)
+        compression = GsSketch(exchange=exchange, **K_EQUALS_D)
+        train(gs, distributed(gs, f"c.{label}.gs.", compression, lr=0.05, op=op), x, y, steps=5)
+        out[f"k_equals_d_{label}_max_abs_diff"] = (refs[label] - flat(gs)).abs().max().item()
+        out[f"k_equals_d_{label}_changed"] = max_diff(mlp(0), gs)
+
+
+def warmup(out: dict, exchange: str, refs: dict, x, y) -> None:
+    """warmup_steps=2 against dense Horovod: equal after 2 steps, apart after 4."""
+    model = mlp(6)
+    gs = GsSketch(ratio=0.05, min_size=64, warmup_steps=2, exchange=exchange)
+    opt = distributed(model, "w.gs.", gs)
+    for label in ("warmup2", "warmup4"):
+        train(model, opt, x, y, steps=2)
+        out.setdefault("warmup_max_abs_diff", []).append((refs[label] - flat(model)).abs().max().item())
+        out.setdefault("warmup_dense_bytes", []).append(gs.stats.dense_bytes)
+    out["warmup_elements"] = sum(p.numel() for p in model.parameters())
+
+
+def state_keys_and_dtypes(out: dict, exchange: str, x, y) -> None:
+    """State keys survive set_to_none, a layer without gradients every 3rd step, and
+    backward_passes_per_step = 2; bf16 and fp64 gradients are compressed in f32 and returned in
+    their own dtype."""
+    for label, dtype in (("bf16", torch.bfloat16), ("fp64", torch.float64)):
+        model = mlp(3, dtype)
+        start = flat(model)
+        gs = GsSketch(ratio=0.1, min_size=64, exchange=exchange)
+        opt = distributed(model, f"s.{label}.", gs, backward_passes_per_step=2)
+        g = torch.Generator().manual_seed(99 + hvd.rank())
+        for step in range(6):
+            opt.zero_grad()  # torch >= 2.0: set_to_none=True
+            for _ in range(2):
+                idx = torch.randint(0, len(x), (16,), generator=g)
+                h = model[:-1](x[idx].to(dtype))
+                o = h[:, :10] if step % 3 == 0 else model[-1](h)
+                F.cross_entropy(o.float(), y[idx]).backward()
+            opt.step()
+        out[f"{label}_state_steps"] = {name: st["steps"] for name, st in gs.local_state_dict()["tensors"].items()}
+        out[f"{label}_grad_dtypes"] = sorted({str(p.grad.dtype) for p in model.parameters()})
+        out[f"{label}_param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+        out[f"{label}_params_finite"] = bool(torch.isfinite(flat(model)).all())
+        out[f"{label}_changed"] = (flat(model) - start).abs().max().item()
+        out[f"{label}_digest"] = digest(model)
+
+
+def groups(out: dict, exchange: str, x, y) -> None:
+    """Horovod's grouped allreduce (groups=2) gives the same model, bit for bit, as without."""
+    for label, kw in (("plain", {}), ("grouped", {"groups": 2})):
+        model = mlp(10)
+        train(model, distributed(model, f"g.{label}.", GsSketch(ratio=0.05, min_size=64, exchange=exchange), **kw),
+              x, y, steps=4)
+        out[f"groups_{label}_digest"] = digest(model)
+
+
+def mpi_merge(out: dict, exchange: str, x, y) -> None:
+    """merge="mpi": the engine's merges by gs_horovod.mpi (tree allreduce, Alltoallv,
+    Allgatherv) instead of Horovod; bytes counted at the engine's collectives."""
+    from handed_over import Counter
+
     dense, gs = mlp(0), mlp(0)
     train(dense, distributed(dense, "m.dense.", hvd.Compression.none), x, y, steps=5)
-    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, exact=True, min_size=1)
-    train(gs, distributed(gs, "m.gs.", compression), x, y, steps=5)
-    result["mpi_k_equals_d_max_abs_diff"] = (flat(dense) - flat(gs)).abs().max().item()
+    train(gs, distributed(gs, "m.gs.", GsSketch(merge="mpi", exchange=exchange, **K_EQUALS_D)), x, y, steps=5)
+    out["mpi_k_equals_d_max_abs_diff"] = max_diff(dense, gs)
     model = mlp(1)
-    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange="sketch")
+    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange=exchange)
+    counted = Counter()
+    count_collectives(compression, counted)
     opt = distributed(model, "m.d.", compression)
     digests = []
     for _ in range(10):
         train(model, opt, x, y, steps=1)
         digests.append(digest(model))
-    result["mpi_digests"] = digests
-    result["mpi_merge_calls"] = compression.merge_stats.calls
-    result["mpi_merge_bytes"] = compression.merge_stats.bytes_sent
-    result["mpi_payload_bytes"] = compression.stats.sketch_bytes + compression.stats.exact_bytes
+    out["mpi_digests"] = digests
+    out["mpi_merge_calls"] = compression.merge_stats.calls
+    out["mpi_merge_bytes"] = compression.merge_stats.bytes_sent
+    out["mpi_counted"] = counted.engine()
+    out["mpi_stats"] = asdict(compression.stats)
+    if exchange == "sketch":  # the comm option: MPI's world given explicitly trains the same model
+        from mpi4py import MPI
+
+        model = mlp(1)
+        opt = distributed(model, "m.comm.", GsSketch(merge="mpi", comm=MPI.COMM_WORLD, ratio=0.05, min_size=64,
+                                                      exchange=exchange))
+        for _ in range(10):  # the batches of the run above (train() starts its sampler again)
+            train(model, opt, x, y, steps=1)
+        out["mpi_comm_digest"] = digest(model)
 
 
-def convergence(result: dict, x: torch.Tensor, y: torch.Tensor) -> None:
-    """(e) 600 steps of gs-SGD (k = 2 % of each tensor) against dense, same SGD and data."""
-    curves = {}
-    for label, compression in (("dense", hvd.Compression.none), ("gs", GsSketch(ratio=0.02, min_size=64))):
-        model = mlp(2)
-        train(model, distributed(model, f"e.{label}.", compression), x, y, steps=600)
-        curves[label] = evaluate(model, x, y)
-        if label == "gs":
-            result["gs_bytes_per_step"] = compression.stats.total_bytes / compression.stats.steps
-    result["dense_loss_acc"], result["gs_loss_acc"] = curves["dense"], curves["gs"]
-    result["dense_bytes_per_step"] = sum(p.numel() * 4 for p in mlp(2).parameters())
+def convergence(out: dict, exchange: str, x, y) -> None:
+    """600 steps of gs-SGD (k = 2 % of the model's coordinates) with ``exchange``."""
+    model = mlp(2)
+    compression = GsSketch(ratio=0.02, min_size=64, exchange=exchange)
+    train(model, distributed(model, f"e.{exchange}.", compression), x, y, steps=600)
+    out["gs_loss_acc"] = evaluate(model, x, y)
+    out["gs_bytes_per_step"] = compression.stats.total_bytes / compression.stats.steps
+
+
+def per_exchange(exchange: str, refs: dict, x, y, scenarios: str) -> dict:
+    """``scenarios``: "all" (everything, the convergence run included), "gloo" (all but the
+    convergence run), "mpi" (the adapter's core checks and merge="mpi": under Horovod's MPI
+    controller every scenario costs several times more on oversubscribed cores)."""
+    out: dict = {}
+    k_equals_d(out, exchange, refs, x, y)
+    for exact in (True, False):
+        counted_run(out, f"exact_{exact}", GsSketch(ratio=0.05, exact=exact, min_size=64, exchange=exchange), 10, x, y)
+    if hvd.mpi_enabled():
+        mpi_merge(out, exchange, x, y)
+    if scenarios == "mpi":
+        return out
+    # options beyond the defaults on real ranks: more candidates, apply every delivered value,
+    # no pre-filter
+    for label, options in (("candidates2", {"candidates": 2}), ("apply_all", {"apply": "all"}),
+                           ("prefilter0", {"prefilter": 0})):
+        counted_run(out, label, GsSketch(ratio=0.05, min_size=64, exchange=exchange, **options), 4, x, y)
+    warmup(out, exchange, refs, x, y)
+    state_keys_and_dtypes(out, exchange, x, y)
+    groups(out, exchange, x, y)
+    if scenarios == "all":
+        convergence(out, exchange, x, y)
+    return out
+
+
+def baselines(result: dict, x, y) -> None:
+    """Every method of the registry (gs_horovod.bench.methods), 3 steps: its meter's payload per
+    step against the bytes handed to Horovod (by the method's own collectives, or by Horovod's
+    DistributedOptimizer for dense, fp16 and gs)."""
+    from gs_horovod.bench.methods import METHODS, distributed_optimizer
+
+    for method in METHODS:
+        if method == "gtopk" and hvd.size() & (hvd.size() - 1):
+            continue  # recursive doubling: a power of two ranks only
+        options = {} if method in ("none", "fp16") else {"min_size": 64}
+        if method == "powersgd":
+            options["rank"] = 2
+        elif method not in ("none", "fp16"):
+            options["ratio"] = 0.05
+        model = mlp(12)
+        ratio = options.pop("ratio", None)
+        opt, meter = distributed_optimizer(method, torch.optim.SGD(model.parameters(), lr=0.1),
+                                           [(f"b.{method}.{n}", p) for n, p in model.named_parameters()],
+                                           ratio=ratio, **options)
+        with HandedOver() as counted:
+            train(model, opt, x, y, steps=3)
+        result[f"baseline_{method}"] = {"meter_payload_per_step": meter.per_step()[0],
+                                        "counted_per_step": counted.total() / 3,
+                                        "optimizer_per_step": counted.total("optimizer:") / 3,
+                                        "engine_checks_per_step": sum(counted.by_name.get(n, 0) for n in
+                                                                      ("gs_horovod.options",)) / 3,
+                                        "parameters": len(list(model.parameters())),
+                                        "finite": bool(torch.isfinite(flat(model)).all())}
+
+
+def kernels_used(result: dict, x, y) -> None:
+    """Which backend's sketch kernels ran for CPU tensors under backend="auto" (the default):
+    every kernel call of gs_horovod.kernels.torch_ops counted by backend, 2 steps of the sketch."""
+    from gs_horovod.kernels import torch_ops
+
+    used: set[str] = set()
+    saved = {b: dict(kernels) for b, kernels in torch_ops._KERNELS.items()}
+
+    def counted(backend: str, fn: Any) -> Any:
+        def call(*args: Any, **kw: Any) -> Any:
+            used.add(backend)
+            return fn(*args, **kw)
+        return call
+
+    for backend, kernels in torch_ops._KERNELS.items():
+        for name, fn in list(kernels.items()):
+            kernels[name] = counted(backend, fn)
+    try:
+        model = mlp(13)
+        train(model, distributed(model, "k.", GsSketch(ratio=0.05, min_size=64, exchange="sketch")), x, y, steps=2)
+    finally:
+        for backend, kernels in saved.items():
+            torch_ops._KERNELS[backend].update(kernels)
+    result["auto_backends_used"] = sorted(used)
+
+
+def refusals(result: dict, x, y) -> None:
+    """hvd.Adasum refused; GsSketch outside a DistributedOptimizer refused."""
+    model = mlp(11)
+    opt = distributed(model, "a.", GsSketch(ratio=0.05, min_size=64), op=hvd.Adasum)
+    try:
+        train(model, opt, x, y, steps=1)
+        result["adasum_error"] = None
+    except Exception as e:  # noqa: BLE001 - the test reads which error it was
+        result["adasum_error"] = f"{type(e).__name__}: {e}"
+    try:
+        hvd.allreduce(torch.ones(2000), name="outside", compression=GsSketch())
+        result["outside_optimizer_error"] = None
+    except RuntimeError as e:
+        result["outside_optimizer_error"] = str(e)
 
 
 def main(out_dir: str, scenarios: str = "all") -> None:
     hvd.init()
     torch.set_num_threads(1)
     x, y = digits_shard()
-    result: dict = {"rank": hvd.rank(), "size": hvd.size()}
-
-    # (c) k = d with the exact round is dense allreduce: same parameters after 5 steps.
-    dense, gs = mlp(0), mlp(0)
-    train(dense, distributed(dense, "c.dense.", hvd.Compression.none), x, y, steps=5)
-    train(gs, distributed(gs, "c.gs.", GsSketch(ratio=1.0, rows=1, width=1.0, exact=True, min_size=1)), x, y, steps=5)
-    result["k_equals_d_max_abs_diff"] = (flat(dense) - flat(gs)).abs().max().item()
-
-    # (d) every rank applies the identical update each step, with and without the second round.
-    for exact in (True, False):
-        model = mlp(1)
-        opt = distributed(model, f"d.{exact}.", GsSketch(ratio=0.05, exact=exact, min_size=64))
-        digests = []
-        for _ in range(10):
-            train(model, opt, x, y, steps=1)
-            digests.append(digest(model))
-        result[f"digests_exact_{exact}"] = digests
-
-    if hvd.mpi_enabled():
-        mpi_merge(result, x, y)
-    else:
+    result: dict = {"rank": hvd.rank(), "size": hvd.size(), "scenarios": scenarios}
+    refs = dense_references(x, y)
+    seconds = {}
+    for exchange in EXCHANGES:
+        start = time.perf_counter()
+        result[exchange] = per_exchange(exchange, refs, x, y, scenarios)
+        seconds[exchange] = round(time.perf_counter() - start, 1)
+    result["seconds"] = seconds  # for the record (the suite's time), not asserted
+    if scenarios == "all":
+        model = mlp(2)
+        train(model, distributed(model, "e.dense.", hvd.Compression.none), x, y, steps=600)
+        result["dense_loss_acc"] = evaluate(model, x, y)
+        result["dense_bytes_per_step"] = sum(p.numel() * 4 for p in mlp(2).parameters())
+    if not hvd.mpi_enabled():
         model = mlp(4)
-        opt = distributed(model, "g.", GsSketch(merge="mpi", ratio=0.05, min_size=64))
+        opt = distributed(model, "u.", GsSketch(merge="mpi", ratio=0.05, min_size=64))
         try:
             train(model, opt, x, y, steps=1)
         except RuntimeError as e:
             result["mpi_merge_under_gloo_error"] = str(e)
+    baselines(result, x, y)
+    kernels_used(result, x, y)
 
-    if scenarios == "all":
-        convergence(result, x, y)
-
-    # State keys survive set_to_none, a layer without gradients every 3rd step, and
-    # backward_passes_per_step = 2; bf16 gradients are sketched in f32 and returned in bf16.
-    model = mlp(3, torch.bfloat16)
-    gs = GsSketch(ratio=0.1, min_size=64)
-    opt = distributed(model, "s.", gs, backward_passes_per_step=2)
-    g = torch.Generator().manual_seed(99 + hvd.rank())
-    for step in range(6):
-        opt.zero_grad()  # torch >= 2.0: set_to_none=True
-        for _ in range(2):
-            idx = torch.randint(0, len(x), (16,), generator=g)
-            h = model[:-1](x[idx].bfloat16())
-            out = h[:, :10] if step % 3 == 0 else model[-1](h)
-            F.cross_entropy(out.float(), y[idx]).backward()
-        opt.step()
-    result["state_steps"] = {name: st["steps"] for name, st in gs.local_state_dict()["tensors"].items()}
-    result["bf16_grad_dtypes"] = sorted({str(p.grad.dtype) for p in model.parameters()})
-    result["bf16_params_finite"] = bool(torch.isfinite(flat(model)).all())
-    result["bf16_digest"] = digest(model)
-
-    # Last, as they abandon their optimizers mid-step: options that differ across ranks.
+    # Last, as they abandon their optimizers mid-step: Adasum and GsSketch outside an optimizer,
+    # then options that differ across ranks.
+    refusals(result, x, y)
     for label, options in (("seed", {"seed": hvd.rank()}), ("rows", {"rows": 3 + 2 * hvd.rank()})):
         model = mlp(5)
-        opt = distributed(model, f"x.{label}.", GsSketch(ratio=0.05, min_size=64, **options))
+        opt = distributed(model, f"x.{label}.", GsSketch(ratio=0.05, min_size=64, exchange="sketch", **options))
         try:
             train(model, opt, x, y, steps=1)
             result[f"mismatch_{label}_error"] = None
