@@ -3,8 +3,9 @@ file; after a restart rank 0 reads it and every rank calls ``load_state_dict``, 
 the state, the others None; rank 0 alone: tests/test_idioms.py) and one file
 per rank (``local_state_dict``), at 2 and 3 ranks, torch and TensorFlow (one worker,
 ``tests/workers/checkpoints.py``, the same scenarios for both); and the class form
-``compression=GsSketch`` offering the instance's API. A 3-rank job also tries the 2-rank file:
-the world-size error on rank 0, at once."""
+``compression=GsSketch`` offering the instance's API. The Horovod-way resume runs for each
+exchange (named in the test id). A 3-rank job also tries the 2-rank file, and (torch) a
+2-rank job the 3-rank file: the world-size error on rank 0, at once."""
 
 from __future__ import annotations
 
@@ -12,13 +13,22 @@ import pytest
 from conftest import horovodrun
 
 SIZES = (2, 3)
+EXCHANGES = ("sketch", "allgather", "sparse")
 
 
-def run_both_sizes(framework: str, tmp_path_factory, timeout: float) -> dict[int, list[dict]]:
-    two = tmp_path_factory.mktemp(f"{framework}2")
+def pytest_generate_tests(metafunc):
+    if "exchange" in metafunc.fixturenames:
+        metafunc.parametrize("exchange", EXCHANGES)
+
+
+def run_both_sizes(framework: str, tmp_path_factory, timeout: float) -> dict:
+    two, three = tmp_path_factory.mktemp(f"{framework}2"), tmp_path_factory.mktemp(f"{framework}3")
     runs = {2: horovodrun("checkpoints.py", 2, "gloo", two, framework, timeout=timeout)}
-    runs[3] = horovodrun("checkpoints.py", 3, "gloo", tmp_path_factory.mktemp(f"{framework}3"), framework,
-                         str(two / "checkpoint.pt"), timeout=timeout)
+    runs[3] = horovodrun("checkpoints.py", 3, "gloo", three, framework, str(two / "checkpoint_sketch.pt"),
+                         timeout=timeout)
+    if framework == "torch":  # the 3-rank file into 2 ranks (a short job: that check alone)
+        runs["fewer"] = horovodrun("checkpoints.py", 2, "gloo", tmp_path_factory.mktemp(f"{framework}fewer"),
+                                   framework, str(three / "checkpoint_sketch.pt"), "only", timeout=timeout)
     return runs
 
 
@@ -38,19 +48,21 @@ def runs(request):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_rank0_file_resume_is_bitwise_the_uninterrupted_run(runs, size):
-    for r in runs[size]:
+def test_rank0_file_resume_is_bitwise_the_uninterrupted_run(runs, exchange, size):
+    for r in (r[exchange] for r in runs[size]):
         assert r["load_error"] is None
         assert r["own_residuals_back"]  # each rank's residuals are the straight run's: its own, not rank 0's
         # Gloo reduces in a fixed order, so the resumed run is bit for bit the straight one
         assert r["resumed"] == r["straight"]
-    assert len({r["straight"] for r in runs[size]}) == 1
+    assert len({r[exchange]["straight"] for r in runs[size]}) == 1
+    # the exchanges differ: each resume checks its own exchange's state
+    assert len({r[e]["straight"] for e in EXCHANGES for r in runs[size][:1]}) == len(EXCHANGES)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_one_file_per_rank_resume_is_bitwise_the_uninterrupted_run(runs, size):
     for r in runs[size]:
-        assert r["local_resumed"] == r["straight"]
+        assert r["local_resumed"] == r["sketch"]["straight"]
         assert r["local_wrong_options_error"] == "GsSketch state was saved with different options: seed=0 saved, 1 now"
 
 
@@ -62,15 +74,21 @@ def test_reset_forgets_state_and_training_goes_on(runs, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_rank0_residuals_on_every_rank_would_resume_wrong(runs, size):
-    # what saving rank 0's compressor state alone gives: the check above can tell the difference
+def test_resume_in_the_middle_of_the_warmup_is_bitwise_the_uninterrupted_run(runs, size):
     for r in runs[size]:
-        assert r["rank0_everywhere"] != r["straight"]
+        assert r["warmup_resumed"] == r["warmup_straight"] != r["warmup_not_loaded"]
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_state_dict_is_gathered_on_rank_0_only(runs, size):
-    assert [r["state_dict_is_none"] for r in runs[size]] == [False] + [True] * (size - 1)
+def test_rank0_residuals_on_every_rank_would_resume_wrong(runs, size):
+    # what saving rank 0's compressor state alone gives: the check above can tell the difference
+    for r in runs[size]:
+        assert r["rank0_everywhere"] != r["sketch"]["straight"]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_state_dict_is_gathered_on_rank_0_only(runs, exchange, size):
+    assert [r[exchange]["state_dict_is_none"] for r in runs[size]] == [False] + [True] * (size - 1)
     assert runs[size][0]["class_gathered_ranks"] == runs[size][0]["instance_gathered_ranks"] == size
 
 
@@ -84,6 +102,12 @@ def test_wrong_options_fail_on_rank0_at_load_naming_them(runs, size):
 def test_wrong_world_size_fails_on_rank0_at_load(runs):
     for r in runs[3][:1]:
         assert r["world_size_error"].startswith("GsSketch state was saved by 2 ranks, this job has 3: "
+                                                "residuals are per rank")
+
+
+def test_a_state_of_more_ranks_fails_on_rank0_at_load(torch_runs):
+    for r in torch_runs["fewer"][:1]:
+        assert r["world_size_error"].startswith("GsSketch state was saved by 3 ranks, this job has 2: "
                                                 "residuals are per rank")
 
 
@@ -106,7 +130,12 @@ def test_class_form_offers_the_instance_api(runs, size):
 
 
 @pytest.mark.parametrize("size", SIZES)
-def test_stats_count_what_bytes_per_step_predicts(runs, size):
-    for r in runs[size]:
-        assert sum(r["class_stats"][f"{path}_bytes"] for path in ("sketch", "gather", "exact", "dense")) \
-            == 3 * r["class_bytes_per_step"]
+def test_stats_and_bytes_per_step_count_the_bytes_handed_to_horovod(torch_runs, size):
+    # torch: the tensors handed to Horovod's collectives, counted (TF's run inside its graph)
+    for r in torch_runs[size]:
+        counted, stats = r["class_counted"], r["class_stats"]
+        assert counted["unknown"] == []
+        for field in ("sketch", "gather", "alltoall", "select", "exact", "dense"):
+            assert counted[field] == stats[f"{field}_bytes"], field
+        total = sum(v for k, v in counted.items() if k != "unknown")
+        assert total > 0 and total == 3 * r["class_bytes_per_step"]

@@ -1,19 +1,23 @@
 """Runs under ``horovodrun``: checkpoints of GsSketch on real ranks, the same scenarios for
 torch and TensorFlow; one JSON per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py OUT_DIR {torch,tf} [OTHER_CKPT]
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py OUT_DIR {torch,tf} [OTHER_CKPT [only]]
 
-- the Horovod way: every rank calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint.pt``
-  (a pickle); fresh objects, rank 0 reads it, every rank calls ``load_state_dict`` (rank 0
-  with the state, the others None; rank 0 alone: tests/workers/idioms.py);
-- one file per rank: ``local_state_dict()`` / ``load_local_state_dict()``, and ``reset()``;
-- the class form ``compression=GsSketch`` against an instance.
+- the Horovod way, for each exchange (named; results under ``result[exchange]``): every rank
+  calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint_<exchange>.pt`` (a pickle); fresh
+  objects, rank 0 reads it, every rank calls ``load_state_dict`` (rank 0 with the state, the
+  others None; rank 0 alone: tests/workers/idioms.py);
+- one file per rank: ``local_state_dict()`` / ``load_local_state_dict()``, ``reset()``, and a
+  resume in the middle of the warm-up;
+- the class form ``compression=GsSketch`` against an instance, its bytes counted as handed to
+  Horovod (torch: tests/workers/handed_over.py).
 OTHER_CKPT: a checkpoint written by a run with another number of ranks (its GsSketch state
-must be refused on every rank).
+must be refused on every rank); ``only``: that check alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import pickle
@@ -25,6 +29,8 @@ import numpy as np
 from rank_result import write_result
 
 OPTIONS = dict(ratio=0.05, min_size=64, momentum=0.5)
+EXCHANGES = ("sketch", "allgather", "sparse")  # named: at 2-3 ranks "auto" would pick the allgather
+SKETCH = {**OPTIONS, "exchange": "sketch"}  # the exchange of the exchange-independent scenarios
 N = 4
 
 
@@ -79,6 +85,13 @@ class TorchTrainer:
     @staticmethod
     def residuals(local: dict) -> dict[str, np.ndarray]:
         return {n: t["residual"].numpy() for n, t in local["tensors"].items()}
+
+    @staticmethod
+    def counting() -> Any:
+        """Counts the bytes handed to Horovod's collectives while entered."""
+        from handed_over import HandedOver
+
+        return HandedOver()
 
     @staticmethod
     def steps(local: dict) -> list[int]:
@@ -137,6 +150,11 @@ class TfTrainer:
         return {n: v["residual"] for n, v in local["variables"].items()}
 
     @staticmethod
+    def counting() -> Any:
+        """None: the collectives run inside Horovod's traced graph, where sizes are not counted."""
+        return contextlib.nullcontext()
+
+    @staticmethod
     def steps(local: dict) -> list[int]:
         return sorted(local["steps"].values())
 
@@ -165,14 +183,15 @@ def summary(trainer: type, local: dict) -> dict:
             "steps": trainer.steps(local)}
 
 
-def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> None:
-    """2N steps straight vs N steps, saved by rank 0 only, fresh objects, N more steps."""
-    straight_gs = GsSketch(**OPTIONS)
+def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str, options: dict) -> dict | None:
+    """2N steps straight vs N steps, saved by rank 0 only, fresh objects, N more steps. Returns
+    the checkpoint (rank 0; None elsewhere)."""
+    straight_gs = GsSketch(**options)
     straight = trainer(9, straight_gs)
     straight.train(range(2 * N))
     result["straight"] = straight.digest()
 
-    gs = GsSketch(**OPTIONS)
+    gs = GsSketch(**options)
     first = trainer(9, gs)
     first.train(range(N))
     gs_state = gs.state_dict()  # a collective: every rank calls it
@@ -184,7 +203,7 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> 
     # a fresh process would start here: new objects, only rank 0 reads the file
     hvd.broadcast_object(0, root_rank=0, name="file_written")  # the file is complete before anyone reads it
     ckpt = read(hvd, path)
-    gs = GsSketch(**OPTIONS)
+    gs = GsSketch(**options)
     fresh = trainer(123, gs, ckpt, from_rank0=True)  # other weights: everything must come from the file
     result["load_error"] = load_gs(gs, ckpt)
     fresh.train(range(N, 2 * N))  # the first step restores every rank's residuals from rank 0
@@ -192,23 +211,27 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> 
     own, resumed = trainer.residuals(straight_gs.local_state_dict()), trainer.residuals(gs.local_state_dict())
     result["own_residuals_back"] = sorted(resumed) == sorted(own) and all(
         np.array_equal(resumed[n], r) for n, r in own.items())
+    return ckpt
 
+
+def mistakes(result: dict, hvd: Any, GsSketch: type, trainer: type, ckpt: dict | None, options: dict) -> None:
+    """What goes wrong, from a checkpoint :func:`resume` saved with ``options``."""
     # the old mistake, for contrast: rank 0's residuals loaded on every rank
     part0 = hvd.broadcast_object(ckpt["gs"]["ranks"][0] if ckpt is not None else None, root_rank=0, name="part0")
     weights = hvd.broadcast_object(None if ckpt is None else {k: v for k, v in ckpt.items() if k != "gs"},
                                    root_rank=0, name="weights")
-    gs = GsSketch(**OPTIONS)
+    gs = GsSketch(**options)
     part0["rank"] = hvd.rank()
     gs.load_local_state_dict(part0)
     everywhere = trainer(123, gs, weights)
     everywhere.train(range(N, 2 * N))
     result["rank0_everywhere"] = everywhere.digest()
 
-    result["wrong_options_error"] = load_gs(GsSketch(**{**OPTIONS, "ratio": 0.1, "seed": 3}), ckpt)
+    result["wrong_options_error"] = load_gs(GsSketch(**{**options, "ratio": 0.1, "seed": 3}), ckpt)
     result["local_state_to_collective_error"] = load_gs(
-        GsSketch(**OPTIONS), {"gs": gs.local_state_dict()} if hvd.rank() == 0 else None)
+        GsSketch(**options), {"gs": gs.local_state_dict()} if hvd.rank() == 0 else None)
     try:
-        GsSketch(**OPTIONS).load_local_state_dict(ckpt["gs"] if ckpt is not None else gs.local_state_dict())
+        GsSketch(**options).load_local_state_dict(ckpt["gs"] if ckpt is not None else gs.local_state_dict())
         result["local_gathered_error"] = None
     except ValueError as e:
         result["local_gathered_error"] = str(e)
@@ -217,11 +240,11 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str) -> 
 def resume_local(result: dict, GsSketch: type, trainer: type) -> None:
     """One file per rank: N steps, ``local_state_dict()`` kept, new objects restored from it,
     N more steps against 2N straight ones; then ``reset()`` and one step."""
-    gs = GsSketch(**OPTIONS)
+    gs = GsSketch(**SKETCH)
     first = trainer(9, gs)
     first.train(range(N))
     saved = {**first.weights(), "gs": copy.deepcopy(gs.local_state_dict())}
-    gs = GsSketch(**OPTIONS)
+    gs = GsSketch(**SKETCH)
     gs.load_local_state_dict(saved["gs"])
     restored = trainer(123, gs, saved)
     restored.train(range(N, 2 * N))
@@ -232,13 +255,33 @@ def resume_local(result: dict, GsSketch: type, trainer: type) -> None:
     restored.train(range(2 * N, 2 * N + 1))
     result["reset_then_steps"] = sorted(set(trainer.steps(gs.local_state_dict())))
     try:
-        GsSketch(**{**OPTIONS, "seed": 1}).load_local_state_dict(saved["gs"])
+        GsSketch(**{**SKETCH, "seed": 1}).load_local_state_dict(saved["gs"])
     except ValueError as e:
         result["local_wrong_options_error"] = str(e)
 
 
+def resume_mid_warmup(result: dict, GsSketch: type, trainer: type) -> None:
+    """One file per rank, saved after N of N + 2 warm-up steps: the resumed run is bitwise the
+    straight one (2 more dense steps, then compressed ones)."""
+    options = {**SKETCH, "warmup_steps": N + 2}
+    straight = trainer(9, GsSketch(**options))
+    straight.train(range(2 * N + 2))
+    gs = GsSketch(**options)
+    first = trainer(9, gs)
+    first.train(range(N))
+    saved = {**first.weights(), "gs": copy.deepcopy(gs.local_state_dict())}
+    gs = GsSketch(**options)
+    gs.load_local_state_dict(saved["gs"])
+    restored = trainer(123, gs, saved)
+    restored.train(range(N, 2 * N + 2))
+    result["warmup_straight"], result["warmup_resumed"] = straight.digest(), restored.digest()
+    plain = trainer(123, GsSketch(**options), saved)  # the same weights, no GsSketch state
+    plain.train(range(N, 2 * N + 2))
+    result["warmup_not_loaded"] = plain.digest()
+
+
 def other_world_size(result: dict, hvd: Any, GsSketch: type, path: str) -> None:
-    result["world_size_error"] = load_gs(GsSketch(**OPTIONS), read(hvd, path))
+    result["world_size_error"] = load_gs(GsSketch(**SKETCH), read(hvd, path))
 
 
 def class_form(result: dict, GsSketch: type, trainer: type) -> None:
@@ -246,7 +289,9 @@ def class_form(result: dict, GsSketch: type, trainer: type) -> None:
     instance = GsSketch()
     for form, gs in (("class", GsSketch), ("instance", instance)):
         run = trainer(11, gs)
-        run.train(range(3))
+        with trainer.counting() as counted:
+            run.train(range(3))
+        result[f"{form}_counted"] = None if counted is None else counted.engine()
         result[f"{form}_digest"] = run.digest()
         result[f"{form}_bytes_per_step"] = gs.bytes_per_step(run.variables())
         state = gs.state_dict()
@@ -264,12 +309,22 @@ def class_form(result: dict, GsSketch: type, trainer: type) -> None:
         gs.reset()  # which this drops
 
 
-def main(out_dir: str, framework: str, other: str | None = None) -> None:
+def main(out_dir: str, framework: str, other: str | None = None, only: str = "") -> None:
     trainer = {"torch": TorchTrainer, "tf": TfTrainer}[framework]
     hvd, GsSketch = trainer.start()
     result: dict = {"rank": hvd.rank(), "size": hvd.size()}
-    resume(result, hvd, GsSketch, trainer, os.path.join(out_dir, "checkpoint.pt"))
+    if only == "only":
+        other_world_size(result, hvd, GsSketch, other)
+        write_result(out_dir, hvd.rank(), result)
+        return
+    ckpts = {}
+    for exchange in EXCHANGES:
+        result[exchange] = {}
+        ckpts[exchange] = resume(result[exchange], hvd, GsSketch, trainer,
+                                 os.path.join(out_dir, f"checkpoint_{exchange}.pt"), {**OPTIONS, "exchange": exchange})
+    mistakes(result, hvd, GsSketch, trainer, ckpts["sketch"], SKETCH)
     resume_local(result, GsSketch, trainer)
+    resume_mid_warmup(result, GsSketch, trainer)
     if other:
         other_world_size(result, hvd, GsSketch, other)
     class_form(result, GsSketch, trainer)
