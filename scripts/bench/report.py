@@ -111,7 +111,8 @@ def gs_vs_best_line(docs: Path, name: str, ranks: int, ratio: float = 0.001) -> 
 
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
-                     "cnn_sim16": "convergence_cnn_sim16.json", "lm_sim16": "convergence_lm_sim16.json",
+                     "cnn_sim4": "convergence_cnn_sim4.json", "cnn_sim16": "convergence_cnn_sim16.json",
+                     "lm_sim16": "convergence_lm_sim16.json",
                      "cnn_sim64": "convergence_cnn_sim64.json"}.items():
     block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
@@ -121,6 +122,7 @@ for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
                              ("lm_sim16", "convergence_lm_sim16.json", 16),
                              ("cnn_sim64", "convergence_cnn_sim64.json", 64),
                              ("cnn_sim4", "convergence_cnn_sim4.json", 4),
+                             ("cnn_sim4_before", "convergence_cnn_sim4_before_sparse.json", 4),
                              ("cnn_sim16_before", "convergence_cnn_sim16_before_sparse.json", 16),
                              ("cnn_sim64_before", "convergence_cnn_sim64_before_sparse.json", 64),
                              ("lm_sim16_before", "convergence_lm_sim16_before_sparse.json", 16)):
@@ -131,7 +133,7 @@ for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
 def sim_before_table(docs: Path) -> str:
     """Final held-out accuracy and wire kB a step of the CNN at 4, 16 and 64 simulated ranks,
     when ``auto`` chose between the allgather and the sketch (one seed each)."""
-    files = {4: "convergence_cnn_sim4.json", 16: "convergence_cnn_sim16_before_sparse.json",
+    files = {4: "convergence_cnn_sim4_before_sparse.json", 16: "convergence_cnn_sim16_before_sparse.json",
              64: "convergence_cnn_sim64_before_sparse.json"}
     runs = {P: load(docs, f) for P, f in files.items()}
     names = {"dense @ 1": "dense", "gs @ 0.001": "**GsSketch defaults**", "topk @ 0.001": "top-k allgather (global)",
