@@ -46,19 +46,34 @@ def test_k_equal_d_with_exact_round_is_dense_allreduce(ranks):
     assert all(r["k_equals_d_max_abs_diff"] <= 1e-6 for r in ranks)
 
 
+EXCHANGES = ("sketch", "allgather", "sparse")
+
+
+def pytest_generate_tests(metafunc):
+    if "exchange" in metafunc.fixturenames and "ranks" in metafunc.fixturenames:  # the real-rank tests
+        metafunc.parametrize("exchange", EXCHANGES)
+
+
 @pytest.mark.parametrize("graph", [True, False], ids=["tf.function", "eager"])
 @pytest.mark.parametrize("exact", [True, False])
-def test_every_rank_applies_the_identical_update(ranks, graph, exact):
+def test_every_rank_applies_the_identical_update_sketch(ranks, graph, exact):
     digests = [r[f"digests_graph_{graph}_exact_{exact}"] for r in ranks]
     assert len(set(digests[0])) == len(digests[0]) and digests[0] == digests[1]
-    # Horovod runs the tape's allreduces in a tf.function either way: eager gives the same bits
-    assert ranks[0][f"digests_graph_{graph}_exact_{exact}"] == ranks[0][f"digests_graph_True_exact_{exact}"]
 
 
-def test_warmup_then_sketching_runs_alike_on_every_rank(ranks):
-    assert ranks[0]["warmup_digests"] == ranks[1]["warmup_digests"]
-    assert len(set(ranks[0]["warmup_digests"])) == 4
-    assert ranks[0]["warmup_steps"] == [4]
+@pytest.mark.parametrize("exact", [True, False])
+def test_eager_gives_the_same_bits_as_tf_function(ranks, exact):
+    # Horovod runs the tape's allreduces in a tf.function either way
+    for r in ranks:
+        assert r[f"digests_graph_False_exact_{exact}"] == r[f"digests_graph_True_exact_{exact}"]
+
+
+def test_warmup_is_dense_then_compressed_alike_on_every_rank(ranks, exchange):
+    assert ranks[0][f"{exchange}_warmup_digests"] == ranks[1][f"{exchange}_warmup_digests"]
+    assert len(set(ranks[0][f"{exchange}_warmup_digests"])) == 4
+    assert ranks[0][f"{exchange}_warmup_steps"] == [4]
+    for r in ranks:  # the 2 warm-up steps are Horovod's dense allreduce
+        assert r[f"{exchange}_warmup_dense_max_abs_diff"] <= 1e-6
 
 
 def test_checkpoint_resume_is_bitwise_identical(ranks):
@@ -67,15 +82,17 @@ def test_checkpoint_resume_is_bitwise_identical(ranks):
         assert r["resume_steps"] == [8]
 
 
-@pytest.mark.parametrize("mode", ["raise", "skip"])
-def test_a_nan_in_one_gradient_on_one_rank_commits_nothing_on_any_rank(ranks, mode):
+def test_a_nan_in_one_gradient_on_one_rank_raises_and_commits_nothing_on_any_rank(ranks, exchange):
     for r in ranks:
-        if mode == "raise":
-            assert "GsSketch: the gradient of 'w2:0' is NaN or infinite on at least one rank at step 1" \
-                in r["nan_raise_error"].replace("\\", "")
-        else:
-            assert r["nan_skip_error"] is None
-        assert r[f"nan_{mode}_unchanged"] and r[f"nan_{mode}_steps"] == [1]
+        assert "GsSketch: the gradient of 'w2:0' is NaN or infinite on at least one rank at step 1" \
+            in r[f"{exchange}_nan_raise_error"].replace("\\", "")
+        assert r[f"{exchange}_nan_raise_unchanged"] and r[f"{exchange}_nan_raise_steps"] == [1]
+
+
+def test_a_nan_with_skip_commits_nothing_on_any_rank(ranks):
+    for r in ranks:
+        assert r["sketch_nan_skip_error"] is None
+        assert r["sketch_nan_skip_unchanged"] and r["sketch_nan_skip_steps"] == [1]
 
 
 def test_bfloat16_variables_train_alike_on_every_rank(ranks):
@@ -107,9 +124,22 @@ def test_keras_training_stays_close_to_dense(ranks):
         assert gs_acc >= dense_acc - 0.05 and gs_loss <= dense_loss + 0.15
 
 
-def test_tree_merge_over_mpi_matches_dense_and_agrees_across_ranks(tmp_path):
-    ranks = horovodrun("tf_mpi.py", 2, "mpi", tmp_path, timeout=300)
-    for r in ranks:
+@pytest.fixture(scope="module")
+def mpi_ranks(tmp_path_factory):
+    return horovodrun("tf_mpi.py", 2, "mpi", tmp_path_factory.mktemp("tf_mpi"), timeout=300)
+
+
+def test_tree_merge_over_mpi_matches_dense(mpi_ranks):
+    for r in mpi_ranks:
         assert r["k_equals_d_max_abs_diff"] <= 1e-6
-        assert r["merge_calls"] == 8  # 4 steps: one sketch merge and one exact round each
-    assert len(set(ranks[0]["digests"])) == 4 and ranks[0]["digests"] == ranks[1]["digests"]
+
+
+@pytest.mark.parametrize("exchange", EXCHANGES)
+def test_tree_merge_over_mpi_agrees_across_ranks(mpi_ranks, exchange):
+    for r in mpi_ranks:
+        # tree allreduces in 4 steps: each step's 4-byte agreement of the ranks' checkpoint
+        # flags, plus the sketch merge and the exact round; nothing more under the allgather
+        # (MPI's Allgatherv; every tensor here is compressed); the two threshold rounds
+        assert r[exchange]["merge_calls"] == 4 + {"sketch": 8, "allgather": 0, "sparse": 8}[exchange]
+    digests = [r[exchange]["digests"] for r in mpi_ranks]
+    assert len(set(digests[0])) == 4 and digests[0] == digests[1]

@@ -1,5 +1,6 @@
 """Runs under ``horovodrun --mpi``: the TensorFlow GsSketch with ``merge="mpi"`` (tree merge over
-mpi4py inside the graph), one JSON file per rank.
+mpi4py inside the graph) for each exchange (results under ``result[exchange]``), one JSON file
+per rank.
 
     horovodrun -np 2 -H localhost:2 --mpi python tests/workers/tf_mpi.py OUT_DIR
 """
@@ -12,7 +13,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from rank_result import write_result
 from sklearn.datasets import load_digits
-from tf_scenarios import Mlp, digests_after_each, make_step, run
+from tf_scenarios import EXCHANGES, Mlp, digests_after_each, make_step, run
 
 from gs_horovod.tensorflow import GsSketch
 
@@ -29,10 +30,11 @@ def main(out_dir: str) -> None:
     run(gs, make_step(gs, compression), x, y, range(3))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
-    model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange="sketch")
-    step = make_step(model, compression)
-    result["digests"] = digests_after_each(model, step, x, y, 4)
-    result["merge_calls"] = compression.merge_stats.calls
+    for exchange in EXCHANGES:
+        model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange=exchange)
+        step = make_step(model, compression)
+        result[exchange] = {"digests": digests_after_each(model, step, x, y, 4),
+                            "merge_calls": compression.merge_stats.calls}
     write_result(out_dir, hvd.rank(), result)
 
 

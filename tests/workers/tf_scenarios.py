@@ -22,6 +22,8 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 
+EXCHANGES = ("sketch", "allgather", "sparse")  # named: at 2 ranks "auto" would pick the allgather
+
 
 class Mlp(tf.Module):
     def __init__(self, seed: int) -> None:
@@ -104,18 +106,31 @@ def main(out_dir: str) -> None:
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
 
-    # identical updates on every rank, in tf.function and eagerly, with and without the exact round
+    # identical updates on every rank, in tf.function and eagerly, with and without the exact
+    # round (the sketch; every exchange: the warm-up runs below and the sparse-against-allgather
+    # runs)
     for graph in (True, False):
         for exact in (True, False):
             model = Mlp(1)
-            step = make_step(model, GsSketch(ratio=0.05, min_size=64, exact=exact), graph=graph)
+            step = make_step(model, GsSketch(ratio=0.05, min_size=64, exact=exact, exchange="sketch"), graph=graph)
             result[f"digests_graph_{graph}_exact_{exact}"] = digests_after_each(model, step, x, y, 6)
 
-    # warm-up: 2 dense steps, then sketches; all ranks alike
-    model, gs = Mlp(5), GsSketch(ratio=0.05, min_size=64, warmup_steps=2)
-    step = make_step(model, gs)
-    result["warmup_digests"] = digests_after_each(model, step, x, y, 4)
-    result["warmup_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
+    # warm-up: 2 dense steps (the same weights as Horovod's dense allreduce), then compressed
+    # ones (their digests: every rank applies the same update); all ranks alike
+    dense = Mlp(5)
+    run(dense, make_step(dense, hvd.Compression.none), x, y, range(2))
+    for exchange in EXCHANGES:
+        model, gs = Mlp(5), GsSketch(ratio=0.05, min_size=64, warmup_steps=2, exchange=exchange)
+        step = make_step(model, gs)
+        digests = digests_after_each(model, step, x, y, 2)
+        result[f"{exchange}_warmup_dense_max_abs_diff"] = max(
+            float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(dense.trainable_variables, model.trainable_variables))
+        digests += [None] * 2
+        for i in (2, 3):
+            step(*batch(x, y, i))
+            digests[i] = digest(model)
+        result[f"{exchange}_warmup_digests"] = digests
+        result[f"{exchange}_warmup_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
     # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
     n = 4
@@ -131,9 +146,10 @@ def main(out_dir: str) -> None:
     result["resume_restored"] = digest(model)
     result["resume_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
-    # NaN planted in w2's gradient on rank 1: the same error on every rank naming w2, nothing committed
-    for mode in ("raise", "skip"):
-        model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64, nonfinite=mode)
+    # NaN planted in w2's gradient on rank 1: the same error on every rank naming w2, nothing
+    # committed (raise: every exchange; skip: the sketch)
+    for mode, exchange in (("raise", "sketch"), ("raise", "allgather"), ("raise", "sparse"), ("skip", "sketch")):
+        model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64, nonfinite=mode, exchange=exchange)
         step = make_step(model, gs)
         step(*batch(x, y, 0))
         before = [v.residual.numpy().copy() for v in gs.states.values()] + [digest(model)]
@@ -142,12 +158,12 @@ def main(out_dir: str) -> None:
             poison[3, 7] = np.nan
         try:
             step(*batch(x, y, 1), poison)
-            result[f"nan_{mode}_error"] = None
+            result[f"{exchange}_nan_{mode}_error"] = None
         except tf.errors.InvalidArgumentError as e:
-            result[f"nan_{mode}_error"] = e.message
+            result[f"{exchange}_nan_{mode}_error"] = e.message
         after = [v.residual.numpy() for v in gs.states.values()] + [digest(model)]
-        result[f"nan_{mode}_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, after))
-        result[f"nan_{mode}_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
+        result[f"{exchange}_nan_{mode}_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, after))
+        result[f"{exchange}_nan_{mode}_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
     # bfloat16 variables, a large one (sketched) and a small one (sent exactly)
     model = Mlp(6)
