@@ -111,12 +111,14 @@ def gs_vs_best_line(docs: Path, name: str, ranks: int, ratio: float = 0.001) -> 
 
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
-                     "cnn_sim4": "convergence_cnn_sim4.json", "cnn_sim16": "convergence_cnn_sim16.json",
+                     "cnn_ddp2": "convergence_cnn_ddp2.json", "cnn_sim4": "convergence_cnn_sim4.json",
+                     "cnn_sim16": "convergence_cnn_sim16.json",
                      "lm_sim16": "convergence_lm_sim16.json",
                      "cnn_sim64": "convergence_cnn_sim64.json"}.items():
     block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
-                     "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json"}.items():
+                     "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
+                     "cnn_ddp2": "convergence_cnn_ddp2.json"}.items():
     block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, (0.01, 0.001)))
 for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
                              ("lm_sim16", "convergence_lm_sim16.json", 16),
