@@ -183,7 +183,8 @@ class GsSketch(GsSketchBase, Compressor):
         optimizer = _calling_optimizer(self)
         if optimizer not in self._states:
             params = _Params(optimizer)
-            engine = GsSgd(self.config, self.ops, self._collectives(optimizer.op, optimizer.process_set))
+            op = getattr(optimizer, "op", hvd.Adasum)  # Horovod's Adasum optimizer keeps no op
+            engine = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
             state = GsState(engine, self.stats, {name: p.numel() for name, p in params.items})
             self._states[optimizer] = (state, params)
             self._restore(state, params)

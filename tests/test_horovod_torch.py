@@ -183,8 +183,6 @@ def test_calls_outside_an_optimizer_are_refused(ranks):
         assert "compresses gradients inside hvd.DistributedOptimizer" in r["outside_optimizer_error"]
 
 
-@pytest.mark.xfail(strict=True, reason="Horovod's Adasum optimizer has no .op: GsSketch raises AttributeError "
-                                       "('SGD' object has no attribute 'op'), not the documented refusal")
 def test_adasum_is_refused_naming_the_ops_supported(ranks):
     for r in ranks:
         assert "ValueError: GsSketch supports op=hvd.Average or hvd.Sum, not Adasum" in r["adasum_error"]

@@ -211,6 +211,20 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
     assert any(line.startswith(f"summary (2 ranks, --compression {compression})") for line in lines)
 
 
+def test_train_tf_one_epoch(tmp_path: Path) -> None:
+    """``horovodrun -np 2 ... train_tf.py --epochs 1 --json F`` (DistributedGradientTape with
+    GsSketch in a tf.function): one epoch on the digits, a held-out accuracy, fewer bytes per step
+    than dense, the summary line."""
+    out = tmp_path / "history.json"
+    lines = rank0_lines(run_script("examples/train_tf.py", "--epochs", "1", "--json", str(out), "--compression", "gs",
+                                   launcher=horovodrun_command(2, "gloo"), timeout=420))
+    result = json.loads(out.read_text())
+    (epoch,) = result["history"]
+    assert result["ranks"] == 2 and 0.1 < epoch["accuracy"] <= 1 and math.isfinite(epoch["loss"])
+    assert 0 < epoch["bytes_per_step"] < result["dense_bytes_per_step"]
+    assert any(line.startswith("summary (2 ranks, --compression gs)") for line in lines)
+
+
 @pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
 def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
     """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM (and the same under
