@@ -15,7 +15,9 @@
 #               (no shared-memory shortcut) on the namespaces' subnet, --bind-to none, and as
 #               its remote shell the ssh below;
 #   horovodrun  with -H (as above) and --network-interfaces (the links) unless given; its MPI
-#               mode runs the mpirun above, its Gloo mode the ssh below;
+#               mode runs the mpirun above (checked here). Its Gloo mode (--gloo) starts its
+#               ranks through the ssh below but they fail to connect: Horovod 0.28.1's Gloo
+#               pairs dialled 127.0.0.1 here; use the MPI mode, or torchrun;
 #   ssh         "ssh [OPTIONS] ADDRESS COMMAND": COMMAND in the namespace of ADDRESS, on its
 #               core, with its own TMPDIR (the namespaces share one host name);
 #   shaped_rate "shaped_rate RATE": reshapes every link now (a script's phases; traffic in
