@@ -517,6 +517,17 @@ def max_rel_error(docs: Path) -> str:
     return f"{printed(lambda: cost_model.validate(docs / 'throughput_fair.jsonl')).splitlines()[-1].split()[-1]}"
 
 
+@block("cost_model.fitted")
+def fitted_validation(docs: Path) -> str:
+    """The verdict of ``cost_model.py --validate ... --collectives docs/collective_sweep.jsonl
+    --validation-out docs/cost_model_validation.json``: β per collective fitted to size sweeps."""
+    d = load(docs, "cost_model_validation.json")
+    verdict = "holds" if d["holds"] else "does not hold"
+    return (f"{d['max_rel_error']:.3f} over the {d['rows_counted']} of {d['rows']} shaped rows whose modelled "
+            f"communication is at least {d['comm_share_counted']:.0%} of the step: the model {verdict} "
+            f"(target {d['target']})")
+
+
 @block("projection.table")
 def projection_table(docs: Path) -> str:
     """gs-SGD's projected steps/s ÷ each variant's at P = 8, 64, 1024, and who it beats at every
