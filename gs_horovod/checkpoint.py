@@ -183,10 +183,9 @@ class CheckpointApi:
         its own residuals back from rank 0 before the step computes: a flag in the step's first
         agreement, then one scatter. The run then continues bitwise as the one that saved it."""
         if self._rank() == 0:
-            error = "" if state is None else _check_gathered(state, self._size())
-            if not error and state is not None:
-                diff = options_difference(state["options"], self._options())
-                error = f"GsSketch state was saved with different options: {diff}" if diff else ""
+            size = self._size()  # rank 0's own part checked as every rank's is at the restore
+            error = "" if state is None else (_check_gathered(state, size)
+                                              or check_local_state(state["ranks"][0], self._options(), size))
             if error:
                 raise ValueError(error)
             self._to_restore = state

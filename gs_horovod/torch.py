@@ -84,7 +84,6 @@ class GsSketch(GsSketchBase, Compressor):
     allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
 
     _hvd = hvd
-    save_idiom = "gs_state = compression.state_dict()"
     stats = DefaultInstanceAttribute()
 
     def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
