@@ -2,21 +2,28 @@
 figure a user chooses a method by.
 
     python scripts/bench/bench_time_to_accuracy.py run --out docs/time_to_accuracy.jsonl \\
-        --workload cnn --ranks 2 4 --rates 100mbit 1gbit --repeats 3 \\
+        --workloads cnn lm --ranks 2 4 --rates 100mbit 1gbit --repeats 3 \\
         --methods gs gs:exchange=sketch gtopk topk powersgd:rank=1 fp16 none
     python scripts/bench/bench_time_to_accuracy.py report docs/time_to_accuracy.jsonl \\
-        --target 0.95 [--plot docs/time_to_accuracy.png]
+        [--target cnn=0.93 lm=20] [--plot docs/time_to_accuracy.png]
 
 ``run`` launches, for each repeat (outermost, so drift spreads over every method alike), each
-rank count and link rate, each method (its order rotated by one per repeat) as
+workload, rank count and link rate, each method (its order rotated by one per repeat) as
 ``scripts/bench/shaped.sh RATE P -- mpirun -np P python <example> ...`` (Horovod's MPI
-controller, TCP between the ranks' namespaces) and appends
-one JSON line per run: the method, its options, the seed (the repeat), the held-out metric after
-every evaluation with the training seconds at that point, and bytes per step. ``--workload
-cnn`` trains ``scripts/examples/train_torch.py --model cnn`` (held-out accuracy, higher is
-better); ``lm`` trains ``scripts/examples/train_lm.py`` (per-byte perplexity, lower is better).
-METHOD[:NAME=VALUE,...] as in bench_throughput.sh: options go to gs as ``--gs``, to a baseline
-as ``--opt``; ``--ratio`` goes to the methods that select k coordinates.
+controller, TCP between the ranks' namespaces) and appends one JSON line per run: the method,
+its options, the seed (the repeat), the held-out metric after every evaluation with the
+training seconds at that point (evaluation included), and bytes per step. A run that fails
+is written as a row with ``failed`` (its exit status and the end of its stderr), the study goes
+on, and ``run`` exits 1 at the end.
+
+Workloads (``WORKLOADS``: the example, its fixed flags, the metric and the target declared
+before the study): ``cnn`` trains ``scripts/examples/train_torch.py --model cnn`` for 4 epochs
+(held-out accuracy, higher is better, target 0.93); ``lm`` trains
+``scripts/examples/train_lm.py`` with a 512-unit LSTM and 128-wide embedding for 80 steps,
+evaluated every 10 (per-byte perplexity, lower is better, target 20): a smaller LM than the
+example's default (1536 units, 11.5 M parameters), so that the 168 runs fit in two hours
+on two cores. METHOD[:NAME=VALUE,...] as in bench_throughput.sh: options go to gs as
+``--gs``, to a baseline as ``--opt``; ``--ratio`` goes to the methods that select k coordinates.
 
 ``report`` gives, per (workload, ranks, rate, method), the seconds to reach the target (the
 first crossing, interpolated linearly between the two evaluations around it), as mean ± std
@@ -26,6 +33,7 @@ over the repeats that reached it and how many did. Root only (shaped.sh).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -37,8 +45,11 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTS_K = ("gs", "topk", "gtopk", "sketched")
-EXAMPLES = {"cnn": ("scripts/examples/train_torch.py", ["--model", "cnn"], "accuracy"),
-            "lm": ("scripts/examples/train_lm.py", [], "perplexity")}
+WORKLOADS = {
+    "cnn": ("scripts/examples/train_torch.py", ["--model", "cnn", "--epochs", "4"], "accuracy", 0.93),
+    "lm": ("scripts/examples/train_lm.py", ["--hidden", "512", "--embed", "128", "--steps", "80", "--eval-every", "10"],
+           "perplexity", 20.0),
+}
 
 
 def time_to_target(history: list[dict[str, float]], metric: str, target: float) -> Optional[float]:
@@ -71,80 +82,133 @@ def method_args(variant: str, ratio: float) -> tuple[str, list[str]]:
     return variant, args
 
 
-def run(args: argparse.Namespace) -> None:
-    example, fixed, metric = EXAMPLES[args.workload]
+def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, args: argparse.Namespace) -> dict:
+    """One training on shaped links; its row (``failed`` in place of the history if it failed)."""
+    example, fixed, metric, _ = WORKLOADS[workload]
+    label, flags = method_args(variant, args.ratio)
     python = os.environ.get("GS_VENV", str(ROOT / ".venv")) + "/bin/python"
-    methods = list(args.methods)
+    row: dict[str, Any] = {"workload": workload, "ranks": ranks, "rate": rate, "method": label,
+                           "repeat": repeat, "seed": repeat, "metric": metric}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "history.json"
+        cmd = ["bash", str(ROOT / "scripts/bench/shaped.sh"), rate, str(ranks), "--",
+               "mpirun", "-np", str(ranks), python, str(ROOT / example), *fixed,
+               *flags, "--seed", str(repeat), "--json", str(out), *args.extra]
+        row["command"] = "scripts/bench/shaped.sh " + " ".join(cmd[2:]).replace(str(ROOT) + "/", "")
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode != 0:
+            row["failed"] = {"returncode": proc.returncode, "stderr": proc.stderr[-2000:]}
+            return row
+        history = json.loads(out.read_text())["history"]
+    row["history"] = [{"seconds": h["seconds"], metric: h[metric]} for h in history]
+    row["bytes_per_step"] = history[-1]["bytes_per_step"]
+    return row
+
+
+def run(args: argparse.Namespace) -> None:
+    methods, failures = list(args.methods), 0
     for repeat in range(args.repeats):
         order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
-        for ranks in args.ranks:
-            for rate in args.rates:
-                for variant in order:
-                    label, flags = method_args(variant, args.ratio)
-                    with tempfile.TemporaryDirectory() as tmp:
-                        out = Path(tmp) / "history.json"
-                        cmd = ["bash", str(ROOT / "scripts/bench/shaped.sh"), rate, str(ranks), "--",
-                               "mpirun", "-np", str(ranks), python, str(ROOT / example), *fixed,
-                               *flags, "--seed", str(repeat), "--json", str(out), *args.extra]
-                        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-                        if proc.returncode != 0:
-                            sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-                        result = json.loads(out.read_text())
-                    row = {"workload": args.workload, "ranks": ranks, "rate": rate, "method": label,
-                           "repeat": repeat, "seed": repeat, "metric": metric,
-                           "command": "scripts/bench/shaped.sh " + " ".join(cmd[2:]),
-                           "history": [{"seconds": h["seconds"], metric: h[metric]} for h in result["history"]],
-                           "bytes_per_step": result["history"][-1]["bytes_per_step"]}
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    reached = time_to_target(row["history"], metric, args.target) if args.target else None
-                    print(f"{args.workload} P={ranks} {rate} {label} repeat {repeat}: final "
-                          f"{row['history'][-1][metric]:.4f} after {row['history'][-1]['seconds']:.1f} s"
-                          + ("" if reached is None else f", target at {reached:.1f} s"), flush=True)
+        for workload, ranks, rate, variant in itertools.product(args.workloads, args.ranks, args.rates, order):
+            row = one_run(workload, ranks, rate, variant, repeat, args)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            where = f"{workload} P={ranks} {rate} {row['method']} repeat {repeat}"
+            if "failed" in row:
+                failures += 1
+                print(f"FAILED ({row['failed']['returncode']}): {where}: {row['command']}\n"
+                      f"{row['failed']['stderr']}", flush=True)
+                continue
+            metric, target = row["metric"], WORKLOADS[workload][3]
+            last, reached = row["history"][-1], time_to_target(row["history"], metric, target)
+            print(f"{where}: final {last[metric]:.4f} after {last['seconds']:.1f} s"
+                  + ("" if reached is None else f", {metric} {target} at {reached:.1f} s"), flush=True)
+    if failures:
+        sys.exit(f"{failures} run(s) failed; their rows carry 'failed'")
 
 
-def summarise(rows: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
-    """Per (workload, ranks, rate, method): repeats, how many reached ``target``, the mean and
-    sample std of their seconds to it (None when fewer than one / two reached it)."""
-    groups: dict[tuple, list[Optional[float]]] = {}
+def summarise(rows: list[dict[str, Any]], targets: dict[str, float]) -> list[dict[str, Any]]:
+    """Per (workload, ranks, rate, method), in the rows' order: the target, repeats, how many
+    failed, how many reached ``targets[workload]``, the mean and sample std of their seconds to
+    it (None when fewer than one / two reached it), and the mean bytes per step."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
     for row in rows:
-        key = (row["workload"], row["ranks"], row["rate"], row["method"])
-        groups.setdefault(key, []).append(time_to_target(row["history"], row["metric"], target))
+        groups.setdefault((row["workload"], row["ranks"], row["rate"], row["method"]), []).append(row)
     out = []
-    for (workload, ranks, rate, method), times in groups.items():
+    for (workload, ranks, rate, method), mine in groups.items():
+        ran = [row for row in mine if "failed" not in row]
+        times = [time_to_target(row["history"], row["metric"], targets[workload]) for row in ran]
         reached = [t for t in times if t is not None]
-        out.append({"workload": workload, "ranks": ranks, "rate": rate, "method": method, "repeats": len(times),
+        out.append({"workload": workload, "ranks": ranks, "rate": rate, "method": method,
+                    "target": targets[workload], "repeats": len(mine), "failed": len(mine) - len(ran),
                     "reached": len(reached), "mean_seconds": statistics.mean(reached) if reached else None,
-                    "std_seconds": statistics.stdev(reached) if len(reached) > 1 else None})
+                    "std_seconds": statistics.stdev(reached) if len(reached) > 1 else None,
+                    "bytes_per_step": statistics.mean(row["bytes_per_step"] for row in ran) if ran else None})
     return out
+
+
+def targets_of(pairs: list[str]) -> dict[str, float]:
+    """The declared targets, with WORKLOAD=VALUE pairs overriding them."""
+    targets = {name: spec[3] for name, spec in WORKLOADS.items()}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in targets or not value:
+            raise SystemExit(f"--target takes WORKLOAD=VALUE with WORKLOAD in {sorted(targets)}, got {pair!r}")
+        targets[name] = float(value)
+    return targets
+
+
+def table(summary: list[dict[str, Any]]) -> str:
+    """The summary as a Markdown table."""
+    lines = ["| workload | P | link | method | bytes/step/rank | reached target | seconds to target |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        metric = WORKLOADS[s["workload"]][2]
+        seconds = "—" if s["mean_seconds"] is None else f"{s['mean_seconds']:.1f}" + (
+            "" if s["std_seconds"] is None else f" ± {s['std_seconds']:.1f}")
+        failed = f", {s['failed']} failed" if s["failed"] else ""
+        sent = "—" if s["bytes_per_step"] is None else f"{s['bytes_per_step']:,.0f}"
+        lines.append(f"| {s['workload']} ({metric} {s['target']:g}) | {s['ranks']} | {s['rate']} | {s['method']} | "
+                     f"{sent} | {s['reached']}/{s['repeats']}{failed} | {seconds} |")
+    return "\n".join(lines)
+
+
+def plot(summary: list[dict[str, Any]], path: str) -> None:
+    """One panel per (workload, P, link): bars of mean seconds to target with their std over the
+    repeats that reached it (how many, where not all); a method that never did: no bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary))
+    columns = 4
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (workload, ranks, rate) in zip(axes.flat, panels):
+        mine = [s for s in summary if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)]
+        ax.barh([s["method"] for s in mine], [s["mean_seconds"] or 0 for s in mine],
+                xerr=[s["std_seconds"] or 0 for s in mine])
+        for y, s in enumerate(mine):
+            if s["mean_seconds"] is None:
+                ax.text(0, y, " not reached", va="center", fontsize=8)
+            elif s["reached"] < s["repeats"]:
+                ax.text(s["mean_seconds"], y, f" {s['reached']}/{s['repeats']} reached", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{workload}, P = {ranks}, {rate}", fontsize=10)
+        ax.set_xlabel(f"seconds to {WORKLOADS[workload][2]} {mine[0]['target']:g}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    summary = summarise(rows, args.target)
-    print("| workload | P | link | method | reached | seconds to target |")
-    print("|---|---|---|---|---|---|")
-    for s in summary:
-        seconds = "—" if s["mean_seconds"] is None else f"{s['mean_seconds']:.1f}" + (
-            "" if s["std_seconds"] is None else f" ± {s['std_seconds']:.1f}")
-        print(f"| {s['workload']} | {s['ranks']} | {s['rate']} | {s['method']} | {s['reached']}/{s['repeats']} | "
-              f"{seconds} |")
+    summary = summarise(rows, targets_of(args.target))
+    print(table(summary))
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        settings = sorted({(s["ranks"], s["rate"]) for s in summary})
-        fig, axes = plt.subplots(1, len(settings), figsize=(4.5 * len(settings), 3.5), squeeze=False)
-        for ax, (ranks, rate) in zip(axes[0], settings):
-            mine = [s for s in summary if (s["ranks"], s["rate"]) == (ranks, rate) and s["mean_seconds"] is not None]
-            ax.barh([s["method"] for s in mine], [s["mean_seconds"] for s in mine],
-                    xerr=[s["std_seconds"] or 0 for s in mine])
-            ax.set_title(f"P = {ranks}, {rate}")
-            ax.set_xlabel(f"seconds to {rows[0]['metric']} {args.target}")
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        plot(summary, args.plot)
 
 
 def main() -> None:
@@ -152,18 +216,17 @@ def main() -> None:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
-    r.add_argument("--workload", choices=sorted(EXAMPLES), default="cnn")
+    r.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["cnn", "lm"])
     r.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     r.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
     r.add_argument("--methods", nargs="+",
                    default=["gs", "gs:exchange=sketch", "gtopk", "topk", "powersgd:rank=1", "fp16", "none"])
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--ratio", type=float, default=0.01)
-    r.add_argument("--target", type=float, help="print when each run reached it")
-    r.add_argument("extra", nargs="*", help="after --: passed to every example run (e.g. --epochs 4)")
+    r.add_argument("extra", nargs="*", help="after --: passed to every example run")
     s = sub.add_parser("report")
     s.add_argument("data")
-    s.add_argument("--target", type=float, required=True)
+    s.add_argument("--target", nargs="*", default=[], metavar="WORKLOAD=VALUE", help="override a declared target")
     s.add_argument("--plot")
     args = p.parse_args()
     if args.command == "run":

@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bench_convergence as conv  # noqa: E402
+import bench_time_to_accuracy as tta  # noqa: E402
 
 ROOT = HERE.parents[1]
 FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md",
@@ -286,7 +287,7 @@ def recovery_goal(docs: Path) -> str:
 def generator(name: str) -> Block | None:
     """The function that writes block ``name``: a registered one, or an inline figure
     (:func:`run_figure`, :func:`spread`, :func:`gs_vs_best_figure`, :func:`sparse_vs_gtopk`,
-    :func:`recovery_figure`)."""
+    :func:`recovery_figure`, :func:`time_to_accuracy_figure`, :func:`fastest_to_target`)."""
     if name in BLOCKS:
         return BLOCKS[name]
     family = name.split(".", 1)[0]
@@ -302,6 +303,10 @@ def generator(name: str) -> Block | None:
         return lambda docs: sketch_vs_gtopk(docs, name)
     if family == "rs" and name.count(".") == 3:
         return lambda docs: recovery_figure(docs, name)
+    if family == "tta" and name.count(".") == 4:
+        return lambda docs: time_to_accuracy_figure(docs, name)
+    if family == "tta_fastest" and name.count(".") == 3:
+        return lambda docs: fastest_to_target(docs, name)
     return None
 
 
@@ -652,6 +657,107 @@ def gtopk_over_sketch(docs: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------------------------
+# time to accuracy (bench_time_to_accuracy.py's runs, docs/time_to_accuracy.jsonl)
+
+def tta_summary(docs: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (docs / "time_to_accuracy.jsonl").read_text().splitlines() if line.strip()]
+    return tta.summarise(rows, tta.targets_of([]))
+
+
+def method_slug(method: str) -> str:
+    """A method label as a block name allows it: ``gs:exchange=sketch`` → ``gs-exchange-sketch``."""
+    return method.replace(":", "-").replace("=", "-").replace(",", "-")
+
+
+def seconds_to_target(s: dict) -> str:
+    if s["mean_seconds"] is None:
+        return f"not reached ({s['reached']}/{s['repeats']})"
+    spread = "" if s["std_seconds"] is None else f" ± {s['std_seconds']:.1f}"
+    return f"{s['mean_seconds']:.1f}{spread} s" + ("" if s["reached"] == s["repeats"] else
+                                                  f" ({s['reached']}/{s['repeats']} reached it)")
+
+
+@block("time_to_accuracy")
+def time_to_accuracy_table(docs: Path) -> str:
+    """``bench_time_to_accuracy.py report docs/time_to_accuracy.jsonl``'s table."""
+    return tta.table(tta_summary(docs))
+
+
+def setting(docs: Path, name: str) -> tuple[list[dict], list[str]]:
+    """The summary rows of the (workload, P, link) that a ``FAMILY.WORKLOAD.P.RATE[.METHOD]`` names."""
+    parts = name.split(".")
+    workload, ranks, rate = parts[1], int(parts[2]), parts[3]
+    mine = [s for s in tta_summary(docs) if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)]
+    if not mine:
+        raise KeyError(f"no time-to-accuracy runs for {workload} at P = {ranks}, {rate}")
+    return mine, parts
+
+
+def time_to_accuracy_figure(docs: Path, name: str) -> str:
+    """``tta.WORKLOAD.P.RATE.METHOD`` (METHOD as :func:`method_slug` writes it): the mean ± std
+    seconds to the declared target, or how many repeats reached it."""
+    mine, parts = setting(docs, name)
+    s = next((s for s in mine if method_slug(s["method"]) == parts[4]), None)
+    if s is None:
+        raise KeyError(f"{name}: no method {parts[4]!r} among {[method_slug(m['method']) for m in mine]}")
+    return seconds_to_target(s)
+
+
+@block("time_to_accuracy.verdicts")
+def time_to_accuracy_verdicts(docs: Path) -> str:
+    """Per (workload, P, link): the fastest method to the target among those that reached it in
+    every repeat, the defaults' and the paper's sketch's seconds, and the defaults' over the
+    fastest's."""
+    summary = tta_summary(docs)
+    lines = ["| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | the paper's sketch |",
+             "|---|---|---|---|---|---|---|"]
+    for workload, ranks, rate in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
+        mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)}
+        every = [s for s in mine.values() if s["reached"] == s["repeats"]]
+        best = min(every, key=lambda s: s["mean_seconds"]) if every else None
+        gs, sketch = mine.get("gs"), mine.get("gs:exchange=sketch")
+        ratio = (f"{gs['mean_seconds'] / best['mean_seconds']:.2f}" if best and gs and gs["reached"] == gs["repeats"]
+                 else "—")
+        lines.append(f"| {workload} | {ranks} | {rate} | "
+                     + (f"{best['method']}: {seconds_to_target(best)}" if best else "none in every repeat")
+                     + f" | {seconds_to_target(gs) if gs else '—'} | {ratio} | "
+                     + f"{seconds_to_target(sketch) if sketch else '—'} |")
+    return "\n".join(lines)
+
+
+@block("time_to_accuracy.defaults")
+def time_to_accuracy_defaults(docs: Path) -> str:
+    """Over the (workload, P, link) settings: in how many the defaults were the fastest to the
+    target (of the methods that reached it in every repeat), within 1.2× of the fastest, and
+    missed it in some repeat."""
+    summary = tta_summary(docs)
+    settings = list(dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary))
+    fastest = near = missed = 0
+    for key in settings:
+        mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
+        gs = mine["gs"]
+        if gs["reached"] < gs["repeats"]:
+            missed += 1
+            continue
+        best = min((s for s in mine.values() if s["reached"] == s["repeats"]), key=lambda s: s["mean_seconds"])
+        fastest += best is gs
+        near += gs["mean_seconds"] <= 1.2 * best["mean_seconds"]
+    return (f"the defaults were the fastest in {fastest} of {len(settings)} settings, within 1.2× of the fastest "
+            f"in {near}, and missed the target in some repeat in {missed}")
+
+
+def fastest_to_target(docs: Path, name: str) -> str:
+    """``tta_fastest.WORKLOAD.P.RATE``: the method with the least mean seconds to the target among
+    those that reached it in every repeat, and its seconds."""
+    mine, _ = setting(docs, name)
+    every = [s for s in mine if s["reached"] == s["repeats"]]
+    if not every:
+        return "none reached it in every repeat"
+    best = min(every, key=lambda s: s["mean_seconds"])
+    return f"{best['method']} ({seconds_to_target(best)})"
+
 
 def render(text: str, docs: Path, errors: list[str], path: str) -> tuple[str, list[tuple[str, str, str]]]:
     """``text`` with every block rewritten; the (name, old, new) of those that changed."""
