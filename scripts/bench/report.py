@@ -26,7 +26,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -657,8 +657,6 @@ def gtopk_over_sketch(docs: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-
-# ---------------------------------------------------------------------------------------------
 # time to accuracy (bench_time_to_accuracy.py's runs, docs/time_to_accuracy.jsonl)
 
 def tta_summary(docs: Path) -> list[dict]:
@@ -683,6 +681,12 @@ def seconds_to_target(s: dict) -> str:
 def time_to_accuracy_table(docs: Path) -> str:
     """``bench_time_to_accuracy.py report docs/time_to_accuracy.jsonl``'s table."""
     return tta.table(tta_summary(docs))
+
+
+def fastest(mine: Iterable[dict]) -> dict | None:
+    """The least mean seconds to the target among the summaries that reached it in every repeat."""
+    every = [s for s in mine if s["reached"] == s["repeats"]]
+    return min(every, key=lambda s: s["mean_seconds"]) if every else None
 
 
 def setting(docs: Path, name: str) -> tuple[list[dict], list[str]]:
@@ -715,8 +719,7 @@ def time_to_accuracy_verdicts(docs: Path) -> str:
              "|---|---|---|---|---|---|---|"]
     for workload, ranks, rate in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
         mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)}
-        every = [s for s in mine.values() if s["reached"] == s["repeats"]]
-        best = min(every, key=lambda s: s["mean_seconds"]) if every else None
+        best = fastest(mine.values())
         gs, sketch = mine.get("gs"), mine.get("gs:exchange=sketch")
         ratio = (f"{gs['mean_seconds'] / best['mean_seconds']:.2f}" if best and gs and gs["reached"] == gs["repeats"]
                  else "—")
@@ -734,29 +737,25 @@ def time_to_accuracy_defaults(docs: Path) -> str:
     missed it in some repeat."""
     summary = tta_summary(docs)
     settings = list(dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary))
-    fastest = near = missed = 0
+    first = near = missed = 0
     for key in settings:
         mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
         gs = mine["gs"]
         if gs["reached"] < gs["repeats"]:
             missed += 1
             continue
-        best = min((s for s in mine.values() if s["reached"] == s["repeats"]), key=lambda s: s["mean_seconds"])
-        fastest += best is gs
+        best = fastest(mine.values())
+        first += best is gs
         near += gs["mean_seconds"] <= 1.2 * best["mean_seconds"]
-    return (f"the defaults were the fastest in {fastest} of {len(settings)} settings, within 1.2× of the fastest "
+    return (f"the defaults were the fastest in {first} of {len(settings)} settings, within 1.2× of the fastest "
             f"in {near}, and missed the target in some repeat in {missed}")
 
 
 def fastest_to_target(docs: Path, name: str) -> str:
     """``tta_fastest.WORKLOAD.P.RATE``: the method with the least mean seconds to the target among
     those that reached it in every repeat, and its seconds."""
-    mine, _ = setting(docs, name)
-    every = [s for s in mine if s["reached"] == s["repeats"]]
-    if not every:
-        return "none reached it in every repeat"
-    best = min(every, key=lambda s: s["mean_seconds"])
-    return f"{best['method']} ({seconds_to_target(best)})"
+    best = fastest(setting(docs, name)[0])
+    return "none reached it in every repeat" if best is None else f"{best['method']} ({seconds_to_target(best)})"
 
 
 def render(text: str, docs: Path, errors: list[str], path: str) -> tuple[str, list[tuple[str, str, str]]]:
