@@ -9,7 +9,8 @@ README = Path(__file__).with_name("README.md")
 setup(
     name="gs_horovod",
     version="0.1.0",
-    description="gs-SGD: Count-Sketch gradient compression with a tree sketch merge, for Horovod",
+    description=("gs-SGD: global top-k gradient compression with error feedback (exact sparse exchanges, "
+                 "or the paper's Count-Sketch) for Horovod and torch.distributed"),
     long_description=README.read_text(encoding="utf-8") if README.exists() else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9",

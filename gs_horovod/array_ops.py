@@ -25,6 +25,9 @@ class ArrayOps(Protocol):
     def copy(self, x: Array) -> Array:
         """A copy of x that later in-place updates of x do not change."""
 
+    def moved(self, x: Array, like: Array) -> Array:
+        """A float32 copy of x (any float dtype, any device) on ``like``'s device."""
+
     def concat(self, xs: list[Array]) -> Array: ...
 
     def add_parts(self, base: Array, parts: list[Array]) -> Array:

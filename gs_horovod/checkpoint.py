@@ -2,18 +2,68 @@
 rank's state (``local_state_dict``), and the state of all ranks gathered on rank 0
 (``state_dict``, a collective that raises rather than hangs when called on some ranks only)
 and handed back from it (``load_state_dict``, called on rank 0 alone or on every rank: rank 0
-keeps the state, and the next step's flags start a scatter every rank joins)."""
+keeps the state, and the next step's flags start a scatter every rank joins). Its transport
+is written once here over the adapter's :class:`~gs_horovod.transports.protocol.Collectives`."""
 
 from __future__ import annotations
 
 import pickle
+import threading
 from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .transports.protocol import Collectives
 
 GATHERED = "gs_horovod.GsSketch.gathered.v1"
 
-Exchange = Callable[[list[bytes]], list[bytes]]
-"""An alltoall of bytes over all Horovod ranks: sends ``out[r]`` to rank r, returns what
-each rank sent to this one (in rank order)."""
+BytesAlltoall = Callable[[list[bytes]], list[bytes]]
+"""An alltoall of bytes over all ranks: sends ``out[r]`` to rank r, returns what each rank
+sent to this one (in rank order)."""
+
+
+def check_timeout(timeout: Any) -> float:
+    """The ``checkpoint_timeout`` option of every adapter: seconds, a number > 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"checkpoint_timeout must be a number of seconds > 0, got {timeout!r}")
+    return float(timeout)
+
+
+def arrive_on_thread(collective: Callable[[], float], timeout: float) -> Optional[float]:
+    """Runs ``collective`` (a blocking sum over ranks) on a daemon thread and waits ``timeout``
+    seconds: its result, or None if it had not finished (it stays pending). Its error re-raises."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(collective())
+        except Exception as error:  # handed to the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, name="gs_horovod.arrive", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return None
+    if isinstance(outcome[0], Exception):
+        raise outcome[0]
+    return outcome[0]
+
+
+def exchange_bytes(comm: Collectives, out: list[bytes]) -> list[bytes]:
+    """:data:`BytesAlltoall` over ``comm``: one uint8 alltoall with splits (eagerly)."""
+    data = comm.from_host(np.frombuffer(b"".join(out), dtype=np.uint8).copy())
+    splits = comm.from_host(np.array([len(b) for b in out], np.int32))
+    received, sizes = comm.alltoall(data, splits, "gs_horovod.checkpoint")
+    buf, counts = comm.to_host(received).tobytes(), comm.to_host(sizes).tolist()
+    return [buf[end - n:end] for n, end in zip(counts, np.cumsum(counts).tolist())]
+
+
+def arrive(comm: Collectives, value: float, name: str, timeout: float) -> Optional[float]:
+    """The sum over ``comm``'s ranks of ``value``, or None when not every rank joined within
+    ``timeout`` seconds (:func:`arrive_on_thread`)."""
+    x = comm.from_host(np.array([value], np.float32))
+    return arrive_on_thread(lambda: float(comm.to_host(comm.allreduce_sum(x, name))[0]), timeout)
 
 
 def options_difference(saved: dict[str, Any], current: dict[str, Any]) -> str:
@@ -54,7 +104,7 @@ def _check_gathered(state: Any, size: int) -> str:
     return ""
 
 
-def gather_state(local: dict[str, Any], exchange: Exchange, rank: int, size: int) -> Optional[dict[str, Any]]:
+def gather_state(local: dict[str, Any], exchange: BytesAlltoall, rank: int, size: int) -> Optional[dict[str, Any]]:
     """Collective: every rank's ``local`` state, gathered on rank 0 (None on the others)."""
     received = exchange([pickle.dumps(local) if dest == 0 else b"" for dest in range(size)])
     if rank != 0:
@@ -63,7 +113,7 @@ def gather_state(local: dict[str, Any], exchange: Exchange, rank: int, size: int
             "ranks": [pickle.loads(part) for part in received]}
 
 
-def scatter_state(state: Any, exchange: Exchange, rank: int, size: int,
+def scatter_state(state: Any, exchange: BytesAlltoall, rank: int, size: int,
                   options: dict[str, Any]) -> Optional[dict[str, Any]]:
     """Collective: rank 0's gathered ``state`` split back into each rank's own part (None on
     every rank when rank 0 passes None: nothing to restore), checked on every rank against its
@@ -104,11 +154,11 @@ DEFAULT_TIMEOUT = 60.0
 class CheckpointApi:
     """``state_dict`` / ``load_state_dict`` / ``load_local_state_dict``, written once for every
     adapter. A subclass provides ``local_state_dict()``, ``_load(state)`` (takes one rank's
-    state), ``_options()`` (what must match on load), ``_rank()``, ``_size()``, ``_exchange``
-    (an :data:`Exchange` over its ranks) and ``_arrive(value, name, timeout)`` (a sum over
-    ranks of one float, or None when not every rank joined within ``timeout`` seconds); each
-    of its steps sums :meth:`step_flag` over ranks before it computes and calls :meth:`agree`
-    (a restore rides on that), and ``_flag_changed()`` tells it when the flag did.
+    state), ``_options()`` (what must match on load) and ``_checkpoint_comm()`` (the
+    :class:`~gs_horovod.transports.protocol.Collectives` over every rank of the job, which
+    carries the state, ``_exchange``, and the arrival checks, ``_arrive``); each of its steps
+    sums :meth:`step_flag` over ranks before it computes and calls :meth:`agree` (a restore
+    rides on that), and ``_flag_changed()`` tells it when the flag did.
 
     ``checkpoint_timeout``: seconds ``state_dict()`` (a collective) waits for every rank before
     it raises on the ranks that called it. ``save_idiom``: the save line its errors show.
@@ -129,17 +179,20 @@ class CheckpointApi:
     def _options(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _rank(self) -> int:
+    def _checkpoint_comm(self) -> Collectives:
         raise NotImplementedError
+
+    def _rank(self) -> int:
+        return self._checkpoint_comm().rank
 
     def _size(self) -> int:
-        raise NotImplementedError
+        return self._checkpoint_comm().size
 
     def _exchange(self, out: list[bytes]) -> list[bytes]:
-        raise NotImplementedError
+        return exchange_bytes(self._checkpoint_comm(), out)
 
     def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
-        raise NotImplementedError
+        return arrive(self._checkpoint_comm(), value, name, timeout)
 
     def _all_arrive(self) -> None:
         """Raises RuntimeError on this rank unless every rank called ``state_dict()`` at the same

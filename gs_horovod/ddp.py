@@ -1,4 +1,4 @@
-"""gs-SGD as a DDP communication hook: the engine (:mod:`gs_horovod.gs_sgd`) without Horovod.
+"""gs-SGD as a DDP communication hook: the engine (:mod:`gs_horovod.engine`) without Horovod.
 
     ddp = DistributedDataParallel(model)
     ddp.register_comm_hook(GsState(), gs_hook)                                  # defaults
@@ -24,91 +24,12 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from .checkpoint import DEFAULT_TIMEOUT, CheckpointApi
-from .collectives import count
-from .compressor import arrive_on_thread, check_timeout, config_from
-from .gs_sgd import GsSgd
+from .checkpoint import DEFAULT_TIMEOUT, CheckpointApi, check_timeout
+from .engine.config import GsConfig
+from .engine.state import CommStats, EngineState
+from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
-from .state import CommStats
-from .state import GsState as EngineState
-from .wire import Traffic
-
-
-class DistCollectives:
-    """:class:`gs_horovod.collectives.Collectives` over ``torch.distributed`` on ``group`` (None:
-    the default group), blocking: ``all_reduce`` (the mean as the sum divided by the group's
-    size), ``all_gather`` of exchanged lengths, ``all_to_all_single``, ``broadcast``; counted
-    into ``traffic``."""
-
-    allreduce_kind = "allreduce"  # gloo's and NCCL's large allreduces: ring
-
-    def __init__(self, group: Optional[dist.ProcessGroup]) -> None:
-        self.group = group
-        self.rank, self.size, self.averages = dist.get_rank(group), dist.get_world_size(group), True
-        self.traffic = Traffic(self.size)
-
-    def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """x (n,) f32 → the mean (n,) f32; f16 (the sketch) is scaled by 1/P before the sum, as
-        Horovod's prescale does, so the f16 sum cannot overflow where the mean does not."""
-        count(self.traffic, "allreduce", x)
-        if x.dtype == torch.float16:
-            out = (x.float() * (1.0 / self.size)).half()
-            dist.all_reduce(out, group=self.group)
-            return out
-        out = x.clone()
-        dist.all_reduce(out, group=self.group)
-        return out.div_(self.size)
-
-    def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        count(self.traffic, "allreduce", x)
-        out = x.clone()
-        dist.all_reduce(out, group=self.group)
-        return out
-
-    def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """Every rank's x (n_r,) concatenated in rank order: the lengths by one ``all_gather``,
-        then x padded to the longest by another."""
-        count(self.traffic, "allgather", x)
-        sizes = self._gather_padded(torch.tensor([x.numel()], dtype=torch.int64, device=x.device)).flatten()
-        longest = int(sizes.max())
-        padded = torch.cat([x, x.new_zeros(longest - x.numel())])
-        rows = self._gather_padded(padded)
-        return torch.cat([row[:n] for row, n in zip(rows, sizes.tolist())])
-
-    def _gather_padded(self, x: torch.Tensor) -> torch.Tensor:
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
-        return torch.stack(parts)
-
-    def alltoall(self, x: torch.Tensor, splits: torch.Tensor, name: str,
-                 kind: str = "alltoall") -> tuple[torch.Tensor, torch.Tensor]:
-        """``all_to_all_single`` of the counts (int64), then of x with those splits."""
-        count(self.traffic, kind, x)
-        sent = splits.to(x.device, torch.int64)
-        got = torch.empty_like(sent)
-        dist.all_to_all_single(got, sent, group=self.group)
-        out = x.new_empty(int(got.sum()))
-        dist.all_to_all_single(out, x.contiguous(), got.tolist(), sent.tolist(), group=self.group)
-        return out, got.int()
-
-    def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        count(self.traffic, "broadcast", x)
-        out = x.clone()
-        dist.broadcast(out, dist.get_global_rank(self.group, 0) if self.group is not None else 0, group=self.group)
-        return out
-
-    def same_on_every_rank(self, value: int, name: str) -> bool:
-        """One all_reduce MIN of (v, −v): equal everywhere iff min v = max v."""
-        both = torch.tensor([value, -value], dtype=torch.int64, device=_comm_device(self.group))
-        dist.all_reduce(both, op=dist.ReduceOp.MIN, group=self.group)
-        return int(both[0]) == -int(both[1])
-
-
-def _comm_device(group: Optional[dist.ProcessGroup]) -> torch.device:
-    """Where the group's collectives take tensors: the current GPU under NCCL, else the CPU."""
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+from .transports.dist import DistCollectives
 
 
 class GsState(CheckpointApi):
@@ -128,7 +49,7 @@ class GsState(CheckpointApi):
       hands the gradients over, its initial buckets in bucket order, a fixed function of the
       module's parameter order; kept by parameter identity through DDP's bucket rebuild).
       Checkpoints record it and refuse the other (ValueError at load).
-    - ``config``: the :class:`~gs_horovod.gs_sgd.GsConfig` built from the keyword options (the
+    - ``config``: the :class:`~gs_horovod.engine.config.GsConfig` built from the keyword options (the
       options of ``GsSketch``: ``scope``, ``ratio``, ``k``, ``rows``, ``width``, ``candidates``,
       ``apply``, ``exchange``, ``prefilter``, ``sketch_dtype``, ``seed``, ``exact``,
       ``warmup_steps``, ``min_size``, ``momentum``, ``backend``, ``nonfinite``,
@@ -136,8 +57,9 @@ class GsState(CheckpointApi):
       ranks at the first step (ValueError on every rank if they differ).
     - ``checkpoint_timeout``: seconds ``state_dict()`` (a collective) waits for every rank
       before it raises on the ranks that called it.
-    - ``stats``: :class:`~gs_horovod.state.CommStats`, the bytes this rank hands to collectives.
-    - ``engine``: the engine-side :class:`gs_horovod.state.GsState`: flat residual e (D,) f32
+    - ``stats``: :class:`~gs_horovod.engine.state.CommStats`, the bytes this rank hands to collectives.
+    - ``comm``: the :class:`~gs_horovod.transports.dist.DistCollectives` of ``process_group``.
+    - ``engine``: the :class:`~gs_horovod.engine.state.EngineState`: flat residual e (D,) f32
       and momentum (D,) f32 laid out by key, steps, warm-up. Gradients of ``min_size``
       elements and more are compressed (in f32, whatever their dtype), the others averaged
       exactly in the exact round.
@@ -165,13 +87,15 @@ class GsState(CheckpointApi):
         self.model, self.process_group = model, process_group
         self.keys = "order" if model is None else "names"
         self.checkpoint_timeout = check_timeout(checkpoint_timeout)
-        self.config = config_from(options, extra=("process_group", "model", "checkpoint_timeout"), owner="GsState")
+        self.config = GsConfig.from_options(options, extra=("process_group", "model", "checkpoint_timeout"),
+                                            owner="GsState")
         self.stats = CommStats()
         named = [] if model is None else [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._names = {id(p): n for n, p in named}
         self._params = dict(named)
-        engine = GsSgd(self.config, TorchOps(self.config.backend), DistCollectives(process_group))
-        self.engine = EngineState(engine, self.stats, {n: p.numel() for n, p in named})
+        ops = TorchOps(self.config.backend)
+        self.comm = DistCollectives(process_group, ops)
+        self.engine = EngineState(GsSgd(self.config, ops, self.comm), self.stats, {n: p.numel() for n, p in named})
         self.pending: list[tuple[torch.futures.Future, list[str], torch.dtype]] = []
         self._grads: dict[str, torch.Tensor] = {}
         self._flags: Optional[tuple[torch.Tensor, Any]] = None  # this step's flags allreduce: (tensor, work)
@@ -185,7 +109,7 @@ class GsState(CheckpointApi):
         if not self.pending:
             if self._out_of_step:  # its state_dict() met the others' flags: they have raised already
                 raise RuntimeError(self._out_of_step)
-            flags = torch.full((1,), self.step_flag(), dtype=torch.float32, device=_comm_device(self.process_group))
+            flags = torch.full((1,), self.step_flag(), dtype=torch.float32, device=self.comm.device)
             self._flags = (flags, dist.all_reduce(flags, group=self.process_group, async_op=True))
         names = []
         for p, grad in zip(bucket.parameters(), bucket.gradients()):
@@ -204,7 +128,7 @@ class GsState(CheckpointApi):
         name = self._names.get(id(p))
         if name is not None:
             return name
-        if self.model is not None or self.engine.layout is not None:
+        if self.model is not None or self.engine.plan is not None:
             owner = "the model GsState was built with" if self.model is not None else "the first step's buckets"
             raise KeyError(f"GsState: a gradient of shape {tuple(p.shape)} belongs to no parameter of {owner}; "
                            "pass the model DDP wraps (model=), or the same parameters every step")
@@ -239,46 +163,13 @@ class GsState(CheckpointApi):
                 "tensors": self.engine.tensors()}
 
     def _load(self, state: dict[str, Any]) -> None:
-        tensors = {}
-        for name, saved in state["tensors"].items():
-            device = self._params[name].device if name in self._params else _comm_device(self.process_group)
-            tensors[name] = {k: v.to(device, torch.float32, copy=True) if isinstance(v, torch.Tensor) else v
-                             for k, v in saved.items()}
-        self.engine.restore(tensors)
+        self.engine.restore(state["tensors"])
 
     def _options(self) -> dict[str, Any]:
         return {**asdict(self.config), "keys": self.keys}
 
-    def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
-        """``all_reduce`` (sum) of ``value`` over the group, given ``timeout`` seconds."""
-        x = torch.full((1,), value, dtype=torch.float32, device=_comm_device(self.process_group))
-
-        def total() -> float:
-            dist.all_reduce(x, group=self.process_group)
-            return float(x[0])
-
-        return arrive_on_thread(total, timeout)
-
-    def _rank(self) -> int:
-        return dist.get_rank(self.process_group)
-
-    def _size(self) -> int:
-        return dist.get_world_size(self.process_group)
-
-    def _exchange(self, out: list[bytes]) -> list[bytes]:
-        """Sends ``out[r]`` to rank r: the sizes, then the bytes, by ``all_to_all_single`` (uint8)."""
-        device, group = _comm_device(self.process_group), self.process_group
-        sizes = torch.tensor([len(b) for b in out], dtype=torch.int64, device=device)
-        got = torch.empty_like(sizes)
-        dist.all_to_all_single(got, sizes, group=group)
-        data = torch.frombuffer(bytearray(b"".join(out)) or bytearray(1), dtype=torch.uint8)[:sum(map(len, out))]
-        received = torch.empty(int(got.sum()), dtype=torch.uint8, device=device)
-        dist.all_to_all_single(received, data.to(device), got.tolist(), sizes.tolist(), group=group)
-        buf, parts, start = received.cpu().numpy().tobytes(), [], 0
-        for n in got.tolist():
-            parts.append(buf[start:start + n])
-            start += n
-        return parts
+    def _checkpoint_comm(self) -> DistCollectives:
+        return self.comm
 
 
 def gs_hook(state: GsState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

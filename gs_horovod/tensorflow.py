@@ -1,5 +1,5 @@
 """GsSketch for ``horovod.tensorflow`` (and ``horovod.tensorflow.keras``): the gs-SGD engine
-(:mod:`gs_horovod.gs_sgd`) in TF ops.
+(:mod:`gs_horovod.engine`) in TF ops.
 
     tape = hvd.DistributedGradientTape(tape, compression=GsSketch())        # defaults
     opt = hvd.DistributedOptimizer(opt, compression=GsSketch(ratio=0.01))   # tf-keras
@@ -17,6 +17,10 @@ optimizer): ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's; ``st
 with a 4-byte allreduce of the ranks' step flags and, only when one is set (a state loaded on
 rank 0, or a rank out of step), runs the restore eagerly in a ``tf.py_function`` before any
 state is read. ``merge="mpi"`` merges through ``tf.numpy_function``.
+
+Why not the torch adapters' :class:`~gs_horovod.engine.state.EngineState`: it swaps in the
+step's new residual buffer after each step, but a traced step must assign to the variables
+its graph captured (and counts bytes into graph counters, :meth:`CommStats.amounts`).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 
 from .compressor import DefaultInstanceMethod, DefaultInstanceProperty, GsSketchBase
-from .gs_sgd import GsSgd, Layout, Payload
+from .engine.plan import Plan
+from .engine.state import CommStats, check_restored
+from .engine.step import GsSgd
 from .kernels.tf_ops import TfOps
-from .mpi import MergeStats
-from .state import CommStats, check_restored
+from .transports.mpi import MergeStats
 
 
 class _StepState(tf.Module):
@@ -74,7 +79,7 @@ class _Counters:
             self.values = {f.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f.name)
                            for f in fields(CommStats)}
 
-    def add(self, **amounts: Any) -> None:
+    def add(self, amounts: dict[str, Any]) -> None:
         for name, amount in amounts.items():
             self.values[name].assign_add(tf.cast(amount, tf.int64))
 
@@ -114,7 +119,7 @@ class _Traced:
 
 class GsSketch(GsSketchBase, Compressor, tf.Module):
     """gs-SGD compression for Horovod's TensorFlow and Keras integrations
-    (options: :class:`gs_horovod.gs_sgd.GsConfig`; ``backend`` is always TF ops here)."""
+    (options: :class:`gs_horovod.engine.config.GsConfig`; ``backend`` is always TF ops here)."""
 
     _hvd = hvd
 
@@ -132,7 +137,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         return TfOps()
 
     def _tree_allreduce(self, x: tf.Tensor, comms: Any, stats: MergeStats) -> tf.Tensor:
-        from .mpi import tree_allreduce
+        from .transports.mpi import tree_allreduce
 
         total = tf.numpy_function(lambda buf: tree_allreduce(buf, comms, stats), [x], x.dtype, stateful=True)
         return tf.ensure_shape(total, x.shape)
@@ -148,7 +153,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         computed with the step's other gradients: sketched from ``min_size`` elements on, sent
         exactly below it); others as they are, with ctx None."""
         if not tensor.dtype.is_floating or tensor.shape.num_elements() is None:
-            self._counters.add(dense_bytes=tf.size(tensor, tf.int64) * tensor.dtype.size)
+            self._counters.add({"dense_bytes": tf.size(tensor, tf.int64) * tensor.dtype.size})
             return tensor, None
         grads, variables, op, process_set = _calling_step(tensor)
         if self._traced.grads is not grads:
@@ -225,14 +230,14 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                  if g is not None and not isinstance(g, tf.IndexedSlices) and g.dtype.is_floating
                  and g.shape.num_elements() is not None}
         comm = self._collectives(op, process_set)
-        layout = Layout.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size,
-                              allreduce_kind=comm.allreduce_kind)
-        states = [self._state(n, d) for n, d in zip(layout.names, layout.sizes)]
-        key = f"{zlib.crc32(repr(layout.all_names).encode()):08x}"
+        plan = Plan.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size,
+                          allreduce_kind=comm.allreduce_kind)
+        states = [self._state(n, d) for n, d in zip(plan.names, plan.sizes)]
+        key = f"{zlib.crc32(repr(plan.all_names).encode()):08x}"
         step = self.steps.get(key)
         if step is None:
             with tf.init_scope():
-                step = self.steps[key] = _StepState(layout.total + sum(layout.dense_sizes), "step_" + key)
+                step = self.steps[key] = _StepState(plan.total + sum(plan.dense_sizes), "step_" + key)
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
         flags = comm.allreduce_sum(tf.reshape(self._flag.value, [1]), f"gs_horovod.flags.{key}")[0]
@@ -244,23 +249,22 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
             flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
             residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
             momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-            result = engine.step(layout, [flat[n] for n in layout.names], residual, momentum, step.steps,
-                                 tf.logical_not(step.checked), [flat[n] for n in layout.dense_names])
+            result = engine.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
+                                 tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)
         step.steps.assign(result.steps)
         step.update.assign(result.update)
         if states:
-            for s, part in zip(states, tf.split(result.residual, list(layout.sizes))):
+            for s, part in zip(states, tf.split(result.residual, list(plan.sizes))):
                 s.residual.assign(part)
-            for s, part in zip(states, tf.split(result.momentum, list(layout.sizes)) if cfg.momentum else []):
+            for s, part in zip(states, tf.split(result.momentum, list(plan.sizes)) if cfg.momentum else []):
                 s.momentum.assign(part)
-        sketched, dense = layout.payload_bytes(cfg, gathered=result.gathered), layout.payload_bytes(cfg, dense=True)
-        counted = zip((f + "_bytes" for f in Payload._fields), sketched, dense)
-        self._counters.add(**{k: tf.where(warm, tf.cast(d, tf.int64), tf.cast(b, tf.int64)) for k, b, d in counted},
-                           steps=1, skipped=1 - tf.cast(result.applied, tf.int64))
+        self._counters.add(CommStats.amounts(plan, cfg, warm, tf.cast(result.applied, tf.int64), result.gathered,
+                                             where=lambda c, w, x: tf.where(c, tf.cast(w, tf.int64),
+                                                                            tf.cast(x, tf.int64))))
         return {id(named[n]): _Ctx(step, o, named[n].shape, named[n].dtype)
-                for n, o in zip(layout.all_names, layout.all_offsets)}
+                for n, o in zip(plan.all_names, plan.all_offsets)}
 
     def _agree_eagerly(self, flags: tf.Tensor) -> bool:
         """:meth:`~gs_horovod.checkpoint.CheckpointApi.agree`, run eagerly from the traced step."""

@@ -1,4 +1,4 @@
-"""GsSketch for ``horovod.torch``: the gs-SGD engine (:mod:`gs_horovod.gs_sgd`) as a Horovod
+"""GsSketch for ``horovod.torch``: the gs-SGD engine (:mod:`gs_horovod.engine`) as a Horovod
 compressor.
 
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -14,7 +14,7 @@ only records the gradient and hands Horovod one float to allreduce; the first ``
 of the step runs the whole engine step over all recorded gradients (one sketch merge, one
 exact round, issued in name order on every rank) and each ``decompress`` returns its slice.
 
-Per-parameter state (a :class:`gs_horovod.state.GsState` per optimizer) is keyed by the
+Per-parameter state (a :class:`gs_horovod.engine.state.EngineState` per optimizer) is keyed by the
 parameter's name in the ``DistributedOptimizer`` that calls us, found from the calling frame
 once and then by ``p.grad is tensor``. Keys therefore
 survive ``zero_grad(set_to_none=True)``, parameters without gradients in some steps (Horovod
@@ -33,10 +33,10 @@ import torch
 from horovod.torch.compression import Compressor
 
 from .compressor import DefaultInstanceAttribute, DefaultInstanceMethod, GsSketchBase
-from .gs_sgd import GsSgd
+from .engine.state import CommStats, EngineState
+from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
-from .mpi import MergeStats
-from .state import CommStats, GsState
+from .transports.mpi import MergeStats
 
 
 class _Params:
@@ -71,15 +71,16 @@ class _Params:
 
 @dataclass(frozen=True)
 class _Ctx:
-    state: GsState
+    state: EngineState
     name: str
     shape: torch.Size
     dtype: torch.dtype
 
 
 class GsSketch(GsSketchBase, Compressor):
-    """gs-SGD compression for ``hvd.DistributedOptimizer`` (options: :class:`GsConfig`; ``merge``
-    and ``comm``: :class:`~gs_horovod.compressor.GsSketchBase`). Float gradients of at least
+    """gs-SGD compression for ``hvd.DistributedOptimizer`` (options:
+    :class:`~gs_horovod.engine.config.GsConfig`; ``merge`` and ``comm``:
+    :class:`~gs_horovod.compressor.GsSketchBase`). Float gradients of at least
     ``min_size`` elements go through the engine (in float32, whatever their dtype); others are
     allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
 
@@ -90,13 +91,13 @@ class GsSketch(GsSketchBase, Compressor):
         super().__init__(merge, comm, **options)
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
-        self._states: weakref.WeakKeyDictionary[Any, tuple[GsState, _Params]] = weakref.WeakKeyDictionary()
+        self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, _Params]] = weakref.WeakKeyDictionary()
 
     def _make_ops(self) -> TorchOps:
         return TorchOps(self.config.backend)
 
     def _tree_allreduce(self, x: torch.Tensor, comms: Any, stats: MergeStats) -> torch.Tensor:
-        from .mpi import tree_allreduce_tensor
+        from .transports.mpi import tree_allreduce_tensor
 
         return tree_allreduce_tensor(x, comms, stats)
 
@@ -158,20 +159,14 @@ class GsSketch(GsSketchBase, Compressor):
         for gs_state, params in self._states.values():
             self._restore(gs_state, params)
 
-    def _restore(self, state: GsState, params: _Params) -> None:
-        """Hands ``state`` the restored tensors of its parameters, on their device in float32."""
-        mine = {}
-        for name, p in params.items:
-            saved = self._restored.pop(name, None)
-            if saved is not None:
-                mine[name] = {k: v.to(p.device, torch.float32, copy=True) if isinstance(v, torch.Tensor) else v
-                              for k, v in saved.items()}
-        state.restore(mine)
+    def _restore(self, state: EngineState, params: _Params) -> None:
+        """Hands ``state`` the restored tensors of its parameters."""
+        state.restore({name: self._restored.pop(name) for name, _ in params.items if name in self._restored})
 
     def _describe(self, p: torch.Tensor) -> tuple[str, int, bool, int]:
         return str(id(p)), p.numel(), p.is_floating_point(), p.element_size()
 
-    def _state_of(self, grad: torch.Tensor) -> tuple[GsState, str]:
+    def _state_of(self, grad: torch.Tensor) -> tuple[EngineState, str]:
         """The state of the DistributedOptimizer compressing ``grad``, and its parameter's name:
         by the expected parameter of each known optimizer, else (first step, new order) by
         walking up to the calling optimizer."""
@@ -184,7 +179,7 @@ class GsSketch(GsSketchBase, Compressor):
             params = _Params(optimizer)
             op = getattr(optimizer, "op", hvd.Adasum)  # Horovod's Adasum optimizer keeps no op
             engine = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
-            state = GsState(engine, self.stats, {name: p.numel() for name, p in params.items})
+            state = EngineState(engine, self.stats, {name: p.numel() for name, p in params.items})
             self._states[optimizer] = (state, params)
             self._restore(state, params)
         state, params = self._states[optimizer]

@@ -61,6 +61,10 @@ if ! "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VE
      pip_quiet install -q --no-build-isolation --no-deps .)
 fi
 
+# the benchmark harness (gs_bench/, beside gs_horovod/) is not part of the package pip
+# installs: the checkout's root goes on this venv's path for the examples and benchmarks
+echo "$ROOT" > "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/gs_bench_checkout.pth"
+
 log "pip install -e $ROOT"
 # pip's editable install is chatty (setuptools notices):
 # keep its output, shown only if the install fails

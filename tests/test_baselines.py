@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import horovodrun
 
-from gs_horovod.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
-from gs_horovod.simulated import SimulatedRanks
-from gs_horovod.wire import total_wire_bytes
+from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from gs_horovod.transports.simulated import SimulatedRanks
+from gs_horovod.transports.wire import total_wire_bytes
 
 SHAPES = [(64, 48), (300,), (40, 40), (2000,)]  # (300,) is under min_size=1024: sent exactly
 NAMES = [f"t{i}" for i in range(len(SHAPES))]
@@ -41,7 +41,7 @@ def run(P: int, make, steps: int = 3, heavy: float = 0.0, planted: int = 0) -> l
             before = ex.residual.clone() if ex.residual is not None else 0.0
             big = torch.cat([g.reshape(-1) for g in gs if g.numel() >= ex.min_size])
             accs.append(big + before)
-            updates.append(ex.exchange(list(zip(NAMES, gs)), comm))
+            updates.append(ex.reduce(list(zip(NAMES, gs)), comm))
         return {"updates": updates, "accs": accs, "residual": ex.residual, "traffic": comm.traffic, "ex": ex}
 
     return SimulatedRanks(P).run(rank_fn)
@@ -118,7 +118,7 @@ def powersgd_steps(P: int, approx_rank: int, per_rank: list[torch.Tensor], steps
         ex, updates = PowerSGD(rank=approx_rank), []
         for _ in range(steps):
             e = 0 if ex.residual is None else ex.residual.view_as(per_rank[rank])
-            updates.append(ex.exchange([("w", per_rank[rank] - e)], comm)[0])
+            updates.append(ex.reduce([("w", per_rank[rank] - e)], comm)[0])
         return {"updates": updates, "names": list(comm.names), "q": ex.qs.get("w")}
 
     return SimulatedRanks(P).run(rank_fn)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(SCRIPTS))
 import bench_wire  # noqa: E402
 import cost_model  # noqa: E402
 
-from gs_horovod.bench import variants  # noqa: E402
-from gs_horovod.wire import KINDS  # noqa: E402
+from gs_bench import variants  # noqa: E402
+from gs_horovod.transports.wire import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
             "seq", "hidden", "params", "warmup", "steps", "seconds", "steps_per_s", "bytes_per_step",
@@ -52,7 +52,7 @@ def _run(*args: str, ranks: int = 0, timeout: float = 240) -> str:
 
 
 def _lm_shapes(hidden: int) -> list[tuple[int, ...]]:
-    from gs_horovod.bench.workloads import LstmLM
+    from gs_bench.workloads import LstmLM
 
     return [tuple(p.shape) for _, p in LstmLM(hidden=hidden).named_parameters()]
 
@@ -177,9 +177,9 @@ def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
     what each rank really sent and received): the same collectives, payload and wire bytes."""
     import torch
 
-    from gs_horovod.baselines import ExchangeOptimizer
-    from gs_horovod.bench.methods import METHODS
-    from gs_horovod.simulated import SimulatedRanks
+    from gs_bench.baselines import ReducerOptimizer
+    from gs_bench.methods import METHODS
+    from gs_horovod.transports.simulated import SimulatedRanks
 
     shape, ratio = (20, 5000), 0.001
     counted = bench_wire.counted(shape, ratio, ranks)
@@ -192,7 +192,7 @@ def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
         def rank_fn(rank: int, comm: Any, method: str = method, options: dict = options) -> tuple:
             param = torch.nn.Parameter(torch.zeros(shape))
             exchange = METHODS[method].simulated(comm, ratio if variants.takes_ratio(method) else None, options)
-            opt = ExchangeOptimizer(torch.optim.SGD([param], lr=0.0), [("w", param)], exchange, comm)
+            opt = ReducerOptimizer(torch.optim.SGD([param], lr=0.0), [("w", param)], exchange, comm)
             param.grad = torch.randn(shape, generator=torch.Generator().manual_seed(rank))
             opt.step()
             return comm.traffic.last_step, comm.traffic.per_step()

@@ -16,7 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import cost_model  # noqa: E402
 
-from gs_horovod.wire import rounds  # noqa: E402
+from gs_horovod.transports.wire import rounds  # noqa: E402
 
 PINGPONG = {"local": (20e-6, 1.5e9), "100mbit": (20e-6, 12e6)}
 BETA = {"allreduce": 7e6, "allgather": 9e6, "gather": 12e6}  # 100mbit: what each kind gets of the link

@@ -1,4 +1,4 @@
-"""The gs-SGD engine on simulated ranks (gs_horovod.simulated: threads taking turns) and its options."""
+"""The gs-SGD engine on simulated ranks (gs_horovod.transports.simulated: threads taking turns) and its options."""
 
 from __future__ import annotations
 
@@ -9,23 +9,23 @@ import numpy as np
 import pytest
 import torch
 
-from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout, Payload
+from gs_horovod.engine import GsConfig, GsSgd, Payload, Plan
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.simulated import SimulatedRanks
 from gs_horovod.torch import GsSketch
-from gs_horovod.wire import total_wire_bytes
+from gs_horovod.transports.simulated import SimulatedRanks
+from gs_horovod.transports.wire import total_wire_bytes
 
 NAMES = ["a.weight", "b.weight"]
 
 
 class Rank:
-    """One rank's engine state across steps, kept as :class:`gs_horovod.state.GsState` keeps it
+    """One rank's engine state across steps, kept as :class:`gs_horovod.engine.state.EngineState` keeps it
     (flat residual and momentum buffers); ``residuals`` / ``momenta``: per-tensor views."""
 
     def __init__(self, config: GsConfig, sizes: list[int], ranks: int) -> None:
         self.config, self.sizes = config, sizes
-        self.layout = Layout.build(NAMES[:len(sizes)], sizes, config, ranks=ranks)
+        self.plan = Plan.build(NAMES[:len(sizes)], sizes, config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
         self.momentum = torch.zeros(sum(sizes)) if config.momentum else None
         self.steps = 0
@@ -40,10 +40,10 @@ class Rank:
 
     def step(self, comm, grads: list[torch.Tensor]):
         engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
-        result = engine.step(self.layout, grads, self.residual, self.momentum, self.steps, self.steps == 0)
+        result = engine.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
-        return list(torch.split(result.update, self.layout.all_sizes))
+        return list(torch.split(result.update, self.plan.all_sizes))
 
 
 def run(config: GsConfig, grads: list[list[list[torch.Tensor]]], ranks: list[Rank] | None = None):
@@ -102,12 +102,12 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
     gen = torch.Generator().manual_seed(8)
     grads = [[torch.randn(4000, generator=gen)] for _ in range(2)]
     small = [[torch.randn(10, generator=gen), torch.randn(0)] for _ in range(2)]
-    layout = Layout.build(["w"], [4000], cfg, ("b", "empty"), (10, 0), ranks=2)
+    plan = Plan.build(["w"], [4000], cfg, ("b", "empty"), (10, 0), ranks=2)
 
     def rank(r, comm):
         engine = GsSgd(cfg, TorchOps("torch"), comm)
-        update = engine.step(layout, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
-        return list(torch.split(update, layout.all_sizes))
+        update = engine.step(plan, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
+        return list(torch.split(update, plan.all_sizes))
 
     updates = SimulatedRanks(2).run(rank)
     assert [tuple(u.shape) for u in updates[0]] == [(4000,), (10,), (0,)]
@@ -173,7 +173,7 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
     gen = torch.Generator().manual_seed(5)
     grads = [torch.randn(3000, generator=gen), torch.randn(1700, generator=gen)]
     cfg = GsConfig(ratio=0.01, prefilter=0, sketch_dtype="float32", exchange="sketch", backend="numba")
-    layout = Layout.build(NAMES, [3000, 1700], cfg, ranks=1)
+    plan = Plan.build(NAMES, [3000, 1700], cfg, ranks=1)
 
     class Capture:
         size, averages = 1, True
@@ -186,7 +186,7 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
             return True
 
     comm = Capture()
-    GsSgd(cfg, TorchOps("numba"), comm).step(layout, grads, torch.zeros(4700), None, 0, False)
+    GsSgd(cfg, TorchOps("numba"), comm).step(plan, grads, torch.zeros(4700), None, 0, False)
     x = torch.cat(grads).numpy()
     cols = cfg.cols_for(4700)
     buckets, signs = reference_buckets_signs(hash_keys(0), cols, 0, 4700, cfg.rows)
@@ -256,19 +256,19 @@ def test_auto_takes_the_allgather_while_it_costs_at_most_twice_the_sparse_exchan
     # defaults, D = 100,000, k = 1,000: the allgather's ring puts 2(P−1)·8k bytes through a rank;
     # the sparse exchange (P−1)/P · (2·8k alltoall + 4·2·1 KiB histograms + 2·8k allgather), so
     # 16,000 ≤ 2 · 40,192 / P: the allgather up to P = 5, the sparse exchange from 6 on
-    layouts = {P: Layout.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 5, 6, 16, 1024)}
-    assert {P: x.exchange for P, x in layouts.items()} == {1: "allgather", 2: "allgather", 5: "allgather",
+    plans = {P: Plan.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 5, 6, 16, 1024)}
+    assert {P: x.exchange for P, x in plans.items()} == {1: "allgather", 2: "allgather", 5: "allgather",
                                                           6: "sparse", 16: "sparse", 1024: "sparse"}
-    assert (layouts[5].exact, layouts[5].apply, layouts[6].exact, layouts[6].apply) == (False, "all", False, "topk")
-    wire = {P: total_wire_bytes(layouts[P].collectives(GsConfig(ratio=0.01)), P) for P in (6, 1024)}
+    assert (plans[5].exact, plans[5].apply, plans[6].exact, plans[6].apply) == (False, "all", False, "topk")
+    wire = {P: total_wire_bytes(plans[P].collectives(GsConfig(ratio=0.01)), P) for P in (6, 1024)}
     assert wire[6] == pytest.approx(40_192 * 5 / 6, rel=2e-2)
     assert wire[1024] == pytest.approx(40_192 * 1023 / 1024, rel=2e-2)
     # a tiny k: the histograms cost more than the pairs save, so the allgather runs longer
     tiny = GsConfig(k=10)
-    assert [Layout.build(["w"], [100_000], tiny, ranks=P).exchange for P in (64, 128)] == ["allgather", "sparse"]
-    assert Layout.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
-    assert Layout.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
-    assert Layout.build(["w"], [100_000], GsConfig(exchange="sparse"), ranks=2).exchange == "sparse"
+    assert [Plan.build(["w"], [100_000], tiny, ranks=P).exchange for P in (64, 128)] == ["allgather", "sparse"]
+    assert Plan.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
+    assert Plan.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
+    assert Plan.build(["w"], [100_000], GsConfig(exchange="sparse"), ranks=2).exchange == "sparse"
 
 
 @pytest.mark.parametrize("P", [5, 6, 7])
@@ -290,15 +290,15 @@ def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
                         7: {"allreduce": "sparse", "tree": "sparse"}}[P]
     cfg = GsConfig(ratio=0.001)
     for kind in ("allreduce", "tree"):
-        layout = Layout.split([("w", 1_280_000), ("b", 1000)], cfg, ranks=P, allreduce_kind=kind)
-        assert layout.exchange == expected[kind]
-        assert {c for c, _ in layout.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
+        plan = Plan.split([("w", 1_280_000), ("b", 1000)], cfg, ranks=P, allreduce_kind=kind)
+        assert plan.exchange == expected[kind]
+        assert {c for c, _ in plan.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
     tensors = [torch.zeros(1_280_000), torch.zeros(1000)]
     for merge, kind in (("horovod", "allreduce"), ("mpi", "tree")):
         step = GsSketch(merge=merge, ratio=0.001).collectives_per_step(tensors, ranks=P)
         assert {c for c, _ in step} == {kind, "allgather"} | ({"alltoall"} if expected[kind] == "sparse" else set())
     with pytest.raises(ValueError, match="allreduce_kind"):
-        Layout.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")
+        Plan.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")
 
 def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
     # without the exact round: Δ = (Σ over the ranks that fed i of a_r,i) / P on the k largest
@@ -320,7 +320,7 @@ def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
 def test_the_allgather_applying_its_whole_union_is_top_k_allgather():
     # exact=False, apply="all": every rank's top-k pairs, summed over the union, all applied;
     # each rank drops its whole top-k set: the top-k allgather baseline (global scope)
-    from gs_horovod.baselines import TopKAllgather
+    from gs_bench.baselines import TopKAllgather
 
     P, sizes = 3, [3000, 1500]
     gen = torch.Generator().manual_seed(13)
@@ -331,7 +331,7 @@ def test_the_allgather_applying_its_whole_union_is_top_k_allgather():
     group = SimulatedRanks(P)
     for step, step_grads in enumerate(grads):
         named = [[(n, g) for n, g in zip(NAMES, step_grads[r])] for r in range(P)]
-        expected = group.run(lambda r, comm, named=named: baselines[r].exchange(named[r], comm))[0]
+        expected = group.run(lambda r, comm, named=named: baselines[r].reduce(named[r], comm))[0]
         for got, want in zip(updates[step], expected):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
             assert torch.equal(got != 0, want != 0)
@@ -353,27 +353,27 @@ def test_apply_all_applies_every_exact_value_fetched(exchange):
 
 def test_k_larger_than_a_group_is_an_error_naming_it():
     with pytest.raises(ValueError, match="k=5000 exceeds the 4096 elements of 'fc.weight'"):
-        Layout.build(["fc.weight"], [4096], GsConfig(k=5000, scope="layer"), ranks=4)
+        Plan.build(["fc.weight"], [4096], GsConfig(k=5000, scope="layer"), ranks=4)
 
 
 def test_sizes_and_bytes_follow_the_options():
     cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16", exchange="sketch")
-    layout = Layout.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
-    (grp,) = layout.groups
+    plan = Plan.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
+    (grp,) = plan.groups
     assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
-    assert layout.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
-    assert layout.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
+    assert plan.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
+    assert plan.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
     # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
-    gathered = Layout.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
+    gathered = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
     assert gathered.groups[0].candidates == 1000
     assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
     # the sparse exchange: the pairs by alltoall, two rounds of 256 int32 counts, an even share of
     # the selection by allgather
-    sparse = Layout.build(NAMES, [60_000, 40_000], replace(cfg, exchange="sparse"), ("c.bias",), (10,), ranks=4)
+    sparse = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="sparse"), ("c.bias",), (10,), ranks=4)
     assert sparse.payload_bytes(cfg) == Payload(gather=2000, alltoall=8000, select=2048, exact=4000, dense=40)
     assert sparse.collectives(cfg) == [("alltoall", 8000.0), ("allreduce", 1024.0), ("allreduce", 1024.0),
                                        ("allgather", 2000.0), ("allreduce", 4040.0)]
-    layer = Layout.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"), ranks=4)
+    layer = Plan.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"), ranks=4)
     assert [g.k for g in layer.groups] == [600, 400]
     assert GsConfig(k=50).k_for(2000) == 50
 

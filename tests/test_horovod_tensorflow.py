@@ -13,21 +13,21 @@ def test_tf_and_torch_engines_give_the_same_update(scope, exchange):
     tf = pytest.importorskip("tensorflow")
     import torch
 
-    from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+    from gs_horovod.engine import GsConfig, GsSgd, Plan
     from gs_horovod.kernels.tf_ops import TfOps
     from gs_horovod.kernels.torch_ops import TorchOps
-    from gs_horovod.simulated import SimulatedRanks
+    from gs_horovod.transports.simulated import SimulatedRanks
 
     rng = np.random.default_rng(0)
     grads = [[(rng.standard_normal(d) * rng.random(d) ** 4).astype(np.float32) for d in (3000, 2000)]
              for _ in range(2)]
     small = [[rng.standard_normal(10).astype(np.float32)] for _ in range(2)]
     cfg = GsConfig(scope=scope, ratio=0.02, momentum=0.5, exchange=exchange, backend="torch")
-    layout = Layout.build(["a", "b"], [3000, 2000], cfg, ("c",), (10,), ranks=2)
+    plan = Plan.build(["a", "b"], [3000, 2000], cfg, ("c",), (10,), ranks=2)
 
     def run(ops, to):
         def rank(r, comm):
-            res = GsSgd(cfg, ops, comm).step(layout, [to(g) for g in grads[r]], to(np.zeros(5000, np.float32)),
+            res = GsSgd(cfg, ops, comm).step(plan, [to(g) for g in grads[r]], to(np.zeros(5000, np.float32)),
                                              to(np.zeros(5000, np.float32)), 0, True, [to(g) for g in small[r]])
             return [np.asarray(x) for x in (res.update, res.residual, res.momentum)]
         return SimulatedRanks(2).run(rank)[0]
@@ -101,7 +101,7 @@ def test_bfloat16_variables_train_alike_on_every_rank(ranks):
 
 def test_diverging_selections_and_options_fail_on_every_rank(ranks):
     for r in ranks:
-        assert "GsSketch: ranks selected different heavy hitters at step 0" in r["check_every_error"]
+        assert "GsSketch: ranks selected different coordinates at step 0" in r["check_every_error"]
         assert "GsSketch options differ across ranks" in r["mismatch_seed_error"]
 
 

@@ -96,6 +96,6 @@ def test_cuda_aware_mpi_is_detected_not_assumed(forced, expected):
     env = {k: v for k, v in os.environ.items() if k != "GS_HOROVOD_CUDA_AWARE_MPI"}
     if forced is not None:
         env["GS_HOROVOD_CUDA_AWARE_MPI"] = forced
-    code = "from gs_horovod.mpi import cuda_aware_mpi; print(cuda_aware_mpi())"
+    code = "from gs_horovod.transports.mpi import cuda_aware_mpi; print(cuda_aware_mpi())"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == expected, out.stderr

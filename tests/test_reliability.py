@@ -56,7 +56,7 @@ def test_selection_checksum_passes_when_equal(ranks, exchange):
 
 def test_selection_checksum_fails_everywhere_when_not(job):
     for r in job:
-        assert r["sketch"]["check_every_error"] == ("step 0: GsSketch: ranks selected different heavy hitters at "
+        assert r["sketch"]["check_every_error"] == ("step 0: GsSketch: ranks selected different coordinates at "
                                                     "step 0 (checked because check_every is set); their models are "
                                                     "diverging")
 

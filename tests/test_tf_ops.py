@@ -1,5 +1,5 @@
 """TfOps against TorchOps in one process: the sparse exchange's engine step on simulated ranks
-(gs_horovod.simulated accepts TensorFlow arrays), bit for bit, and its selection kernels
+(gs_horovod.transports.simulated accepts TensorFlow arrays), bit for bit, and its selection kernels
 (``radix_cut``, ``keep_top``) on hand-made examples."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 
 tf = pytest.importorskip("tensorflow")
 
-from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout  # noqa: E402
+from gs_horovod.engine import GsConfig, GsSgd, Plan  # noqa: E402
 from gs_horovod.kernels.tf_ops import TfOps  # noqa: E402
 from gs_horovod.kernels.torch_ops import TorchOps  # noqa: E402
-from gs_horovod.simulated import SimulatedRanks  # noqa: E402
+from gs_horovod.transports.simulated import SimulatedRanks  # noqa: E402
 
 SIZES = {"a.weight": 3000, "b.weight": 1500}  # compressed; "c.bias" (10) is sent exactly
 SMALL = 10
@@ -42,16 +42,16 @@ def gradients(case: str, rank: int, step: int) -> tuple[list[np.ndarray], np.nda
 def run(ops, to, P: int, cfg: GsConfig, case: str) -> list[list[tuple[np.ndarray, np.ndarray, int]]]:
     """STEPS engine steps of P simulated ranks with ``ops``: per rank, per step, (update,
     residual, pairs gathered) as numpy."""
-    layout = Layout.build(list(SIZES), list(SIZES.values()), cfg, ("c.bias",), (SMALL,), ranks=P)
-    assert layout.exchange == cfg.exchange
+    plan = Plan.build(list(SIZES), list(SIZES.values()), cfg, ("c.bias",), (SMALL,), ranks=P)
+    assert plan.exchange == cfg.exchange
     group = SimulatedRanks(P)
-    state = [{"residual": to(np.zeros(layout.total, np.float32)), "steps": 0} for _ in range(P)]
+    state = [{"residual": to(np.zeros(plan.total, np.float32)), "steps": 0} for _ in range(P)]
     out: list[list] = [[] for _ in range(P)]
     for t in range(STEPS):
         def rank(r, comm, t=t):
             grads, small = gradients(case, r, t)
             st = state[r]
-            res = GsSgd(cfg, ops, comm).step(layout, [to(g) for g in grads], st["residual"], None, st["steps"],
+            res = GsSgd(cfg, ops, comm).step(plan, [to(g) for g in grads], st["residual"], None, st["steps"],
                                              st["steps"] == 0, [to(small)])
             assert bool(res.applied)
             st["residual"], st["steps"] = res.residual, int(res.steps)

@@ -1,4 +1,4 @@
-"""The real-data loaders and models of gs_horovod/bench/workloads.py."""
+"""The real-data loaders and models of gs_bench/workloads.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gs_horovod.bench import workloads
+from gs_bench import workloads
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_lstm_lm_size_and_uniform_perplexity():
 def test_demo_passes_only_the_gsketch_options_the_user_gave():
     import argparse
 
-    from gs_horovod.bench.cli import add_compression_flags, gs_options
+    from gs_bench.cli import add_compression_flags, gs_options
 
     p = argparse.ArgumentParser()
     add_compression_flags(p, ["gs", "none"])
@@ -129,7 +129,7 @@ def test_demo_passes_only_the_gsketch_options_the_user_gave():
 def test_demo_passes_baseline_options_and_none_to_horovods_methods():
     import argparse
 
-    from gs_horovod.bench.cli import add_compression_flags, method_options
+    from gs_bench.cli import add_compression_flags, method_options
 
     p = argparse.ArgumentParser()
     add_compression_flags(p, ["gs", "none", "gtopk", "powersgd"])

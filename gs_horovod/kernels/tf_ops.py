@@ -120,6 +120,10 @@ class TfOps:
     def copy(self, x: tf.Tensor) -> tf.Tensor:
         return tf.identity(x)
 
+    def moved(self, x: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+        with tf.device(like.device):
+            return tf.identity(tf.cast(x, tf.float32))
+
     def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
         return xs[0] if len(xs) == 1 else tf.concat(xs, 0)
 
@@ -270,9 +274,22 @@ class TfOps:
         return tf.strings.reduce_join(tf.boolean_mask(quoted, flags > 0), separator=", ")
 
     def cond(self, pred: Any, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+        """``tf.cond``; a None leaf (no momentum) travels as a (0,) placeholder and comes back
+        None, since ``tf.cond`` takes tensors only (both branches have None at the same leaves)."""
         if isinstance(pred, bool):
             return true_fn() if pred else false_fn()
-        return tf.cond(pred, true_fn, false_fn)
+        nones: list[bool] = []
+
+        def placed(fn: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                out = fn()
+                flat = tf.nest.flatten(out)
+                nones[:] = [x is None for x in flat]
+                return tf.nest.pack_sequence_as(out, [tf.zeros([0]) if x is None else x for x in flat])
+            return run
+
+        out = tf.cond(pred, placed(true_fn), placed(false_fn))
+        return tf.nest.pack_sequence_as(out, [None if none else x for none, x in zip(nones, tf.nest.flatten(out))])
 
     def when(self, pred: Any, fn: Callable[[], Any]) -> Any:
         def run() -> tf.Tensor:
@@ -291,4 +308,4 @@ class TfOps:
 
     def after(self, checks: list[Any], values: Any) -> Any:
         with tf.control_dependencies(checks):
-            return tf.nest.map_structure(tf.identity, values)
+            return tf.nest.map_structure(lambda x: None if x is None else tf.identity(x), values)

@@ -289,6 +289,9 @@ class TorchOps:
     def copy(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
+    def moved(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return x.to(like.device, torch.float32, copy=True)
+
     def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return xs[0] if len(xs) == 1 else torch.cat(xs)
 

@@ -1,6 +1,6 @@
 """Compression compute per method, side by side: one rank's whole compression work per step
 (error feedback, selection, sketching, the merges it computes, the update and residual),
-with P ranks simulated in one process (``gs_horovod.simulated``: one rank runs at a time, so
+with P ranks simulated in one process (``gs_horovod.transports.simulated``: one rank runs at a time, so
 each rank's time outside collectives is its own, uncontended; collectives cost nothing here).
 The busiest rank's time is reported (Sketched-SGD: rank 0, which merges P sketches).
 
@@ -26,10 +26,10 @@ from typing import Any, Callable
 
 import torch
 
-from gs_horovod.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
-from gs_horovod.gs_sgd import GsConfig, GsSgd, Layout
+from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from gs_horovod.engine import GsConfig, GsSgd, Plan
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.simulated import SimulatedRanks
+from gs_horovod.transports.simulated import SimulatedRanks
 
 SHAPES = [(4096, 2048), (4096, 1024), (2048, 2048)]  # 2^24 coordinates
 NAMES = [f"layer{i}.weight" for i in range(len(SHAPES))]
@@ -43,12 +43,12 @@ class GsRank:
         self.config = GsConfig(ratio=ratio, **options)
         self.ops = TorchOps(self.config.backend)
         sizes = [s[0] * s[1] for s in shapes]
-        self.layout = Layout.build(NAMES[:len(sizes)], sizes, self.config, ranks=ranks)
+        self.plan = Plan.build(NAMES[:len(sizes)], sizes, self.config, ranks=ranks)
         self.residual = torch.zeros(sum(sizes))
         self.steps = 0
 
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> torch.Tensor:
-        out = GsSgd(self.config, self.ops, comm).step(self.layout, [g.reshape(-1) for _, g in named],
+    def reduce(self, named: list[tuple[str, torch.Tensor]], comm: Any) -> torch.Tensor:
+        out = GsSgd(self.config, self.ops, comm).step(self.plan, [g.reshape(-1) for _, g in named],
                                                       self.residual, None, self.steps, self.steps == 0)
         self.residual, self.steps = out.residual, out.steps
         return out.update
@@ -82,7 +82,7 @@ def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int
 
             def one_step(rank: int, comm: Any, m: str = m) -> None:
                 torch.set_num_threads(1)
-                states[m][rank].exchange(grads[rank], comm)
+                states[m][rank].reduce(grads[rank], comm)
 
             group.run(one_step)
             if step:

@@ -16,7 +16,7 @@ half the range over seeds) to stdout. A run that fails is reported and left out,
 with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
 hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--simulated-ranks P``
 runs each script with ``--simulated-ranks P`` instead (P ranks in one process: the engine and
-the baselines on simulated collectives, :class:`gs_horovod.bench.cli.SimulatedTrainingRanks`),
+the baselines on simulated collectives, :class:`gs_bench.cli.SimulatedTrainingRanks`),
 into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch 8 per rank,
 k = D/1000, one seed) ends with the line ``gs_vs_best P=<P> metric_ratio <x> wire_bytes_ratio <y>``:
 x = gs's final metric over the best other method's at gs's cumulative wire bytes (interpolated
@@ -24,7 +24,7 @@ between its evaluations, :func:`at_budget`; accuracy: above 1 is gs ahead; perpl
 is), y = gs's wire MB over that method's at that point (1 unless it sent less in all), after a
 line per peer at that budget (a peer whose first evaluation sent more is listed, not picked).
 
-Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.wire``: ring
+Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.transports.wire``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
 star into rank 0), with the payload handed to collectives beside it. Methods: dense (Horovod's),
 gs (GsSketch's defaults, global scope), top-k allgather and gTop-k with global and per-tensor
@@ -82,7 +82,7 @@ SIMULATED = [label for label in METHODS if label not in ("fp16", "sketched = gs"
 
 def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
     """The parameter shapes of the run's model, in name order (as every method lays them out)."""
-    from gs_horovod.bench.workloads import LstmLM, MnistCNN, digits_mlp
+    from gs_bench.workloads import LstmLM, MnistCNN, digits_mlp
 
     if args.model == "lm":
         model = LstmLM(hidden=args.hidden or 1536)
@@ -95,8 +95,8 @@ def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
 
 def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> float:
     """Wire bytes per step through a rank of GsSketch at its defaults and ``ratio``."""
-    from gs_horovod.bench.variants import planned
-    from gs_horovod.wire import total_wire_bytes
+    from gs_bench.variants import planned
+    from gs_horovod.transports.wire import total_wire_bytes
 
     return total_wire_bytes(planned("gs", {}, shapes, ranks, ratio), ranks)
 
@@ -105,8 +105,8 @@ def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int)
     """Sketched-SGD's sizes whose wire bytes through rank 0 equal gs-SGD's: 5 rows (published),
     the largest p2 of 4, 2, 1 that leaves room for at least one column per k (else p2 = 1 and
     fewer columns than k), and the width that fills the rest (wire bytes grow linearly with it)."""
-    from gs_horovod.baselines import SketchedSGD
-    from gs_horovod.wire import total_wire_bytes
+    from gs_bench.baselines import SketchedSGD
+    from gs_horovod.transports.wire import total_wire_bytes
 
     target = gs_wire(shapes, ratio, ranks)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from gs_horovod.mpi import Communicators, MergeStats, tree_allreduce
+from gs_horovod.transports.mpi import Communicators, MergeStats, tree_allreduce
 
 SIZES = [10_000, 100_000, 1_000_000, 10_000_000]  # bytes of float32 sketch
 

@@ -8,9 +8,9 @@ gs-SGD engine and baselines on P ranks simulated in one process, over real train
 
 The study and the choice of the shipped sizes: docs/design.md ("Recovery").
 
-Methods. gs-SGD is the engine itself: rank r holds ``GsState(GsSgd(config, TorchOps(), comm_r),
+Methods. gs-SGD is the engine itself: rank r holds ``EngineState(GsSgd(config, TorchOps(), comm_r),
 CommStats())`` on ``comm_r = SimulatedRanks(P).comms[r]``. The baselines are
-``gs_horovod.bench.methods.METHODS``' exchanges, one per rank on the same comms: top-k allgather
+``gs_bench.methods.METHODS``' exchanges, one per rank on the same comms: top-k allgather
 and gTop-k per tensor ("layer") and over all weights ("global"), Sketched-SGD with its
 published sizes, PowerSGD of rank 4. Two methods need no collectives and are a few lines here:
 dense (the exact mean) and the reference, the exact top-k of S applied exactly, with per-rank
@@ -24,7 +24,7 @@ compressed tensors in name order) and S = Σ_r a_r (D,):
 
 and a record's ``mass`` is its mean over the steps: 1 for the reference; dense's is
 ‖S‖²/‖top-k(S)‖² ≥ 1 (left out of the tables), and PowerSGD's dense low-rank update may exceed
-1 too. Bytes are per rank per step as the library counts them (``gs_horovod.wire.Traffic`` of
+1 too. Bytes are per rank per step as the library counts them (``gs_horovod.transports.wire.Traffic`` of
 rank 0's SimulatedComm): ``payload`` handed to collectives and ``wire`` bytes through the
 busiest rank, the small tensors' exact allreduce included (gs sends them in its exact round);
 dense is one ring allreduce of every tensor. SimulatedComm averages a float16 sketch in f32 in
@@ -66,12 +66,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.bench.methods import METHODS
-from gs_horovod.gs_sgd import GsConfig, GsSgd, count_for
+from gs_bench.methods import METHODS
+from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, count_for
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.simulated import SimulatedComm, SimulatedRanks
-from gs_horovod.state import CommStats, GsState
-from gs_horovod.wire import wire_bytes
+from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
+from gs_horovod.transports.wire import wire_bytes
 
 SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange")
 MIN_SIZE = GsConfig().min_size
@@ -168,7 +167,7 @@ class ExactTopK:
 
 class Simulated:
     """A library method on ``SimulatedRanks(ranks)``: ``make(comm)`` builds each rank's
-    ``GsState`` or ``Exchange`` once, on the comm its rank keeps across steps."""
+    ``EngineState`` or ``Reducer`` once, on the comm its rank keeps across steps."""
 
     def __init__(self, info: dict[str, Any], ranks: int, shapes: Shapes,
                  make: Callable[[SimulatedComm], Any]) -> None:
@@ -178,11 +177,11 @@ class Simulated:
 
     @property
     def residuals(self) -> list[Optional[Tensor]]:
-        """Each rank's residual: an Exchange's is in the order it was handed the tensors (name
-        order), a GsState's in its layout's (name order too: checked)."""
+        """Each rank's residual: a Reducer's is in the order it was handed the tensors (name
+        order), a EngineState's in its plan's (name order too: checked)."""
         for x in self.each:
-            if isinstance(x, GsState) and x.layout is not None and x.layout.names != self.names:
-                raise ValueError(f"GsState laid out {x.layout.names}, expected {self.names}")
+            if isinstance(x, EngineState) and x.plan is not None and x.plan.names != self.names:
+                raise ValueError(f"EngineState laid out {x.plan.names}, expected {self.names}")
         return [x.residual for x in self.each]
 
     def step(self, grads: Grads) -> dict[str, Tensor]:
@@ -190,12 +189,12 @@ class Simulated:
 
         def one(rank: int, comm: SimulatedComm) -> dict[str, Tensor]:
             x = self.each[rank]
-            if isinstance(x, GsState):
+            if isinstance(x, EngineState):
                 out = x.step({n: grads[n][rank] for n in names})
                 comm.traffic.end_step()
                 return out
             mine = [(n, grads[n][rank].view(self.shapes[n])) for n in names]
-            return {n: u.reshape(-1) for n, u in zip(names, x.exchange(mine, comm))}
+            return {n: u.reshape(-1) for n, u in zip(names, x.reduce(mine, comm))}
 
         return self.group.run(one)[0]
 
@@ -225,16 +224,16 @@ def baseline(key: str, ranks: int, shapes: Shapes, ratio: float) -> Method:
 
 
 def gs_method(cfg: GsConfig, ranks: int, shapes: Shapes, ratio: float) -> Method:
-    """gs-SGD with ``cfg`` at ``ratio``: the engine's GsState on every rank."""
+    """gs-SGD with ``cfg`` at ``ratio``: the engine's EngineState on every rank."""
     cfg = replace(cfg, ratio=ratio)
     info = {"method": f"gs {cfg.scope}", **{f: getattr(cfg, f) for f in SETTINGS}, "label": label(cfg)}
-    return Simulated(info, ranks, shapes, lambda comm: GsState(GsSgd(cfg, TorchOps(), comm), CommStats()))
+    return Simulated(info, ranks, shapes, lambda comm: EngineState(GsSgd(cfg, TorchOps(), comm), CommStats()))
 
 
 # ---------------------------------------------------------------- tasks
 
 class DigitsTask:
-    """The digits MLP 64-h-h/2-10 (``gs_horovod.bench.workloads.digits_mlp``) on the 1,437
+    """The digits MLP 64-h-h/2-10 (``gs_bench.workloads.digits_mlp``) on the 1,437
     training images of ``digits_shard``; rank r's micro-batch at a step is the r-th run of
     ``batch`` images of a permutation seeded by the step (the same for every method).
 
@@ -245,7 +244,7 @@ class DigitsTask:
     trains = True
 
     def __init__(self, name: str, hidden: int, ranks: int, batch: int) -> None:
-        from gs_horovod.bench.workloads import digits_shard
+        from gs_bench.workloads import digits_shard
 
         self.name, self.hidden, self.ranks, self.batch = name, hidden, ranks, batch
         x, y, _, _ = digits_shard(0, 1)
@@ -255,7 +254,7 @@ class DigitsTask:
 
     def new_model(self) -> None:
         torch.manual_seed(SEED)
-        from gs_horovod.bench.workloads import digits_mlp
+        from gs_bench.workloads import digits_mlp
 
         self.model = digits_mlp(self.hidden)
         self.params = dict(self.model.named_parameters())
@@ -338,7 +337,7 @@ def simulate(task: Task, method: Method, steps: int, ratio: float) -> dict:
         losses.append(loss)
         task.apply(updates)
     payload, wire = method.bytes() or (None, None)
-    used = [x.layout.exchange for x in getattr(method, "each", []) if isinstance(x, GsState)][:1]
+    used = [x.plan.exchange for x in getattr(method, "each", []) if isinstance(x, EngineState)][:1]
     traffic = method.group.comms[0].traffic if isinstance(method, Simulated) else None
     uneven = {"wire_over_even": traffic.wire / traffic.even_wire,
               "worst_over_even": traffic.worst_over_even} if traffic is not None and traffic.even_wire else {}

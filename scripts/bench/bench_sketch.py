@@ -32,7 +32,7 @@ from typing import Callable
 import numba
 import torch
 
-from gs_horovod.gs_sgd import GsConfig, count_for
+from gs_horovod.engine import GsConfig, count_for
 from gs_horovod.kernels import torch_ops
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 

@@ -31,7 +31,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from gs_horovod.bench.workloads import LstmLM, MnistCNN
+from gs_bench.workloads import LstmLM, MnistCNN
 from gs_horovod.torch import GsSketch
 
 

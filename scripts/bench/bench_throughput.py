@@ -10,7 +10,7 @@ while the .sh reshapes the links), each ``--warmup`` untimed then ``--steps`` ti
 Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``options``,
 ``variant`` as ``scripts/bench/cost_model.py`` parses it), ``label`` (the link setting) and
 ``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
-(``[kind, payload bytes]``, :mod:`gs_horovod.wire`'s kinds) from the method's meter.
+(``[kind, payload bytes]``, :mod:`gs_horovod.transports.wire`'s kinds) from the method's meter.
 
 The full run (the headline variants; 3 repeats × 20 timed steps per cell; estimated 22 min on
 the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
@@ -45,10 +45,10 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
-from gs_horovod.bench.methods import METHODS
-from gs_horovod.bench.variants import variant_word
-from gs_horovod.bench.workloads import LstmLM, stdlib_text, text_batch
+from gs_bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
+from gs_bench.methods import METHODS
+from gs_bench.variants import variant_word
+from gs_bench.workloads import LstmLM, stdlib_text, text_batch
 
 
 def wait_for_links(sync: Optional[Path], label: str) -> None:

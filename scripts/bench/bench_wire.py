@@ -7,9 +7,9 @@ ranks.
     horovodrun -np 4 -H localhost:4 --gloo python scripts/bench/bench_wire.py --measure --out docs/wire_P4.json
 
 Counted: each variant's collectives of one step from the gradient's shape alone
-(``cost_model.planned``: the baselines' ``Exchange.planned``, gs-SGD's ``Layout.payload_bytes``,
-Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.wire`. Measured: one step of
-each variant on this rank, its meter's bytes (``gs_horovod.bench.methods.distributed_optimizer``).
+(``cost_model.planned``: the baselines' ``Reducer.planned``, gs-SGD's ``Plan.payload_bytes``,
+Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.transports.wire`. Measured: one step of
+each variant on this rank, its meter's bytes (``gs_bench.methods.distributed_optimizer``).
 "payload" is what a rank hands to collectives (its own contribution); "wire" is what goes
 through the busiest rank (sent + received) under each collective's algorithm: ring allreduce
 and allgather (Horovod), recursive doubling (gTop-k, GsSketch merge="mpi"), star (Sketched-SGD).
@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from gs_horovod.bench.variants import exchange, gs_config, parse_variant, planned, takes_ratio, variant_label
-from gs_horovod.wire import total_wire_bytes
+from gs_bench.variants import gs_config, parse_variant, planned, reducer, takes_ratio, variant_label
+from gs_horovod.transports.wire import total_wire_bytes
 
 VARIANTS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
 MEASURED = tuple(v for v in VARIANTS if v != "gs:merge=mpi")  # merge=mpi needs Horovod's MPI controller
@@ -43,7 +43,7 @@ def measure(shape: tuple[int, int], ratio: float) -> dict[str, tuple[float, floa
     import horovod.torch as hvd
     import torch
 
-    from gs_horovod.bench.methods import distributed_optimizer
+    from gs_bench.methods import distributed_optimizer
 
     hvd.init()
     torch.set_num_threads(1)
@@ -96,7 +96,7 @@ def main() -> None:
     table = {P: counted(shape, args.ratio, P) for P in sizes}
     if args.table:
         config = gs_config({}, args.ratio)[0]
-        sk = exchange("sketched", {}, args.ratio)
+        sk = reducer("sketched", {}, args.ratio)
         k = config.k_for(d)
         print(f"d = {d:,}, k = {k:,} (ratio {args.ratio}); gs: GsSketch defaults (rows {config.rows}, cols "
               f"{config.width}·k, {config.candidates}·k candidates, {config.sketch_dtype} sketch); Sketched-SGD: "

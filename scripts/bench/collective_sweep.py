@@ -1,6 +1,6 @@
 """Seconds per collective against its size, through real Horovod ranks: allreduce, allgather,
 alltoall, and the alltoalls with one receiver (pairwise, gather) and broadcast, issued as the
-methods issue them (:class:`gs_horovod.compressor.HorovodCollectives`). What
+methods issue them (:class:`gs_horovod.transports.horovod.HorovodCollectives`). What
 ``scripts/bench/cost_model.py --collectives`` fits α and β per collective algorithm from.
 Launched by ``scripts/bench/collective_sweep.sh`` on shaped links; rank 0 appends one JSON line
 per (collective, size) to ``--out``:
@@ -8,7 +8,7 @@ per (collective, size) to ``--out``:
     {"kind": "collective", "collective": KIND, "label": LINK, "ranks": P, "bytes": n,
      "seconds": median over repeats, "all_s": [...]}
 
-n is the payload one rank contributes (:mod:`gs_horovod.wire`'s convention: alltoall sends
+n is the payload one rank contributes (:mod:`gs_horovod.transports.wire`'s convention: alltoall sends
 n/P to each rank; pairwise swaps n with rank ^ 1; gather sends n to rank 0; broadcast sends
 n from rank 0). One timing is the slowest rank's time from a common start (a tiny allreduce)
 to its call's return. Sizes go up until a call's median passes ``--max-call-s``.
@@ -23,10 +23,10 @@ import time
 import horovod.torch as hvd
 import torch
 
-from gs_horovod.bench.cli import append_jsonl
-from gs_horovod.collectives import gather, pairwise
-from gs_horovod.compressor import HorovodCollectives
+from gs_bench.cli import append_jsonl
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.horovod import HorovodCollectives
+from gs_horovod.transports.protocol import gather, pairwise
 
 KINDS = ("allreduce", "allgather", "alltoall", "pairwise", "gather", "broadcast")
 SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)

@@ -5,7 +5,7 @@ communication round the method takes, α + bytes/β.
                     + Σ over the method's collectives of its rounds' (α + bytes / β)
 
 The rounds of each collective (ring allreduce, tree, ring allgather, pairwise, star gather,
-binomial broadcast) are :func:`gs_horovod.wire.rounds`. A method variant is a word as
+binomial broadcast) are :func:`gs_horovod.transports.wire.rounds`. A method variant is a word as
 ``scripts/bench/bench_throughput.sh`` takes it: ``METHOD[:NAME=VALUE,...]`` with the baseline's
 constructor options or GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``).
 
@@ -35,8 +35,8 @@ says how many rows that is; ``nan`` when none is).
 ``--project``: steps/s for P = 8 … 1024 at 1, 10, 100 Gbit/s for ResNet-50 (25.6M) and
 BERT-large (335M), their parameter shapes written out below, on GPU-class compute
 (ASSUMPTIONS, stated in ``MODELS``, ``--alpha`` and ``--gpu-bandwidth``). Each variant's
-collectives come from the shapes alone: the baselines' ``Exchange.planned``, gs-SGD's
-``Layout.payload_bytes``. Prints gs-SGD's speed-up over each variant; ``--plot`` draws it.
+collectives come from the shapes alone: the baselines' ``Reducer.planned``, gs-SGD's
+``Plan.payload_bytes``. Prints gs-SGD's speed-up over each variant; ``--plot`` draws it.
 The projection is labelled validated only when ``--validation`` (the JSON of
 ``--validation-out``) says the model holds; the label and the measured error go into ``--out``.
 
@@ -60,8 +60,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from gs_horovod.bench.variants import exchange, gs_config, parse_variant, planned, variant_label
-from gs_horovod.wire import Collective, rounds
+from gs_bench.variants import gs_config, parse_variant, planned, reducer, variant_label
+from gs_horovod.transports.wire import Collective, rounds
 
 Collectives = list[Collective]
 SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
@@ -92,7 +92,7 @@ def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float
 def fit_kind(rows: list[dict]) -> Optional[tuple[float, float, float]]:
     """(α, β, worst in-sample |fitted − measured| / measured over the rows of ≥ BIG bytes) of
     t = α·R + W/β for one collective on one link, R its rounds and W their bytes
-    (:func:`gs_horovod.wire.rounds`), as :func:`pingpong.fit` fits a link: α = the median over
+    (:func:`gs_horovod.transports.wire.rounds`), as :func:`pingpong.fit` fits a link: α = the median over
     rank counts of t/R at the smallest size (Horovod's per-call overhead included); β from the
     least-squares slope of t against W over the sizes of ≥ BIG bytes (below that tc's token
     bucket lets a message through at line rate), with an intercept per rank count. None when
@@ -389,7 +389,7 @@ def kernel_passes(method: str, options: dict[str, Any]) -> float:
     if method == "gs" and gs_config(options, None)[0].exchange != "sketch":
         return 3 + 4 + 2  # the exact exchanges: a pre-filter, no sketch (P ≥ 3: "auto" is the sparse exchange)
     if method in ("gs", "sketched"):  # Sketched-SGD's root does the same query
-        rows = gs_config(options, None)[0].rows if method == "gs" else exchange(method, options, None).rows
+        rows = gs_config(options, None)[0].rows if method == "gs" else reducer(method, options, None).rows
         return 3 + 4 * rows + 2 * rows + 4 + 2
     if method in ("topk", "gtopk"):
         return 3 + 4 + 2

@@ -14,7 +14,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from gs_horovod.bench.cli import append_jsonl
+from gs_bench.cli import append_jsonl
 
 SIZES = (8, 1024, 65_536, 1 << 20, 4 << 20, 16 << 20)
 

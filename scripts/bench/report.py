@@ -316,7 +316,7 @@ DEMO_RUNS = {"gs": "(the defaults)", "none": "--compression none", "sketch": "--
 @block("demo.console")
 def demo_console(docs: Path) -> str:
     """The demo's console lines (first and last epoch, the summary's metric and bytes, its training
-    time) from ``docs/demo_P2_gs.json``, as ``gs_horovod.bench.cli.Report`` prints them."""
+    time) from ``docs/demo_P2_gs.json``, as ``gs_bench.cli.Report`` prints them."""
     d = load(docs, "demo_P2_gs.json")
     h = d["history"]
     steps = sum(e["steps"] for e in h)
@@ -380,7 +380,7 @@ WIRE_COLUMNS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched
 
 
 def variant_name(v: str) -> str:
-    from gs_horovod.bench.variants import parse_variant, variant_label
+    from gs_bench.variants import parse_variant, variant_label
 
     return variant_label(*parse_variant(v))
 

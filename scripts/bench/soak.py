@@ -17,7 +17,7 @@ import psutil
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.bench.workloads import digits_mlp, digits_shard
+from gs_bench.workloads import digits_mlp, digits_shard
 from gs_horovod.torch import GsSketch
 
 

@@ -4,9 +4,9 @@ own ``.py`` sources with Horovod or DDP.
     horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py --compression gs --steps 60
     torchrun --standalone --nproc_per_node 2 scripts/examples/train_lm.py --compression gs --steps 60
 
-Data: ``gs_horovod.bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
+Data: ``gs_bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
 cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
-``gs_horovod.bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
+``gs_bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
 training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
 held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
 switch and GsSketch flags as ``scripts/examples/train_torch.py``, and the same DDP hooks under
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.bench.cli import Report, add_compression_flags, add_simulated_flag, run_on_ranks
-from gs_horovod.bench.methods import METHODS
-from gs_horovod.bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
+from gs_bench.cli import Report, add_compression_flags, add_simulated_flag, run_on_ranks
+from gs_bench.methods import METHODS
+from gs_bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def train(args: argparse.Namespace, ranks: Any) -> dict:
-    """One rank's training (``ranks``: gs_horovod.bench.cli's HorovodRanks, TorchRanks or
+    """One rank's training (``ranks``: gs_bench.cli's HorovodRanks, TorchRanks or
     SimulatedTrainingRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)

@@ -19,10 +19,10 @@ import horovod.tensorflow as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from gs_horovod.bench.cli import Report, demo_arguments, method_options  # noqa: E402
-from gs_horovod.bench.methods import METHODS  # noqa: E402
-from gs_horovod.bench.workloads import digits_shard  # noqa: E402
-from gs_horovod.wire import total_wire_bytes  # noqa: E402
+from gs_bench.cli import Report, demo_arguments, method_options  # noqa: E402
+from gs_bench.methods import METHODS  # noqa: E402
+from gs_bench.workloads import digits_shard  # noqa: E402
+from gs_horovod.transports.wire import total_wire_bytes  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

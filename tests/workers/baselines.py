@@ -10,11 +10,11 @@ import torch
 from rank_result import write_result
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
-from gs_horovod.baselines import ExchangeOptimizer
-from gs_horovod.bench.methods import METHODS
-from gs_horovod.compressor import HorovodCollectives
+from gs_bench.baselines import ReducerOptimizer
+from gs_bench.methods import METHODS
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.wire import Traffic, total_wire_bytes
+from gs_horovod.transports.horovod import HorovodCollectives
+from gs_horovod.transports.wire import Traffic, total_wire_bytes
 
 # variant: (method, options); "full" runs use ratio 1 (PowerSGD: a rank as large as the matrices)
 VARIANTS = {
@@ -27,10 +27,10 @@ VARIANTS = {
 def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tuple:
     method, options = VARIANTS[variant]
     baseline = METHODS[method]
-    exchange = baseline.exchange(ratio if baseline.takes_ratio else None, {**options, **extra})
+    exchange = baseline.reducer(ratio if baseline.takes_ratio else None, {**options, **extra})
     comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
     model = mlp(seed)
-    opt = ExchangeOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
+    opt = ReducerOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), exchange, comm)
     train(model, opt, x, y, steps=steps)
     return model, exchange, comm
 
@@ -41,7 +41,7 @@ def powersgd_against_svd(result: dict) -> None:
     PowerSGD rank 4, one step) and "truncation" (singular values 50, 40, 30 and a tail of 45
     below 1, rank 3, four warm-started steps). Records the last update against the dense mean
     (Horovod's allreduce) and against its SVD truncation, and the collectives of the last step."""
-    from gs_horovod.baselines import PowerSGD
+    from gs_bench.baselines import PowerSGD
 
     cases = {"exact": ([30.0, 20.0], 4, 1), "truncation": ([50.0, 40.0, 30.0] + [0.95**i for i in range(45)], 3, 4)}
     for case, (singular, rank, steps) in cases.items():
@@ -55,7 +55,7 @@ def powersgd_against_svd(result: dict) -> None:
         comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
         for _ in range(steps):
             e = 0 if exchange.residual is None else exchange.residual.view(64, 48)
-            update = exchange.exchange([("w", mine - e)], comm)[0]
+            update = exchange.reduce([("w", mine - e)], comm)[0]
         left, values, right = torch.linalg.svd(mean)
         best = left[:, :rank] @ torch.diag(values[:rank]) @ right[:rank]
         result[f"powersgd_{case}"] = {

@@ -272,8 +272,8 @@ def idioms(result: dict, rank: int) -> None:
 
 
 def powersgd_bytes(result: dict, rank: int) -> None:
-    """bench.ddp_hooks' count of PowerSGD's bytes against PowerSGDState's own element counts."""
-    from gs_horovod.bench.ddp_hooks import register_hook
+    """gs_bench.methods.register_hook's count of PowerSGD's bytes against PowerSGDState's own element counts."""
+    from gs_bench.methods import register_hook
 
     module = mlp(8)
     model = ddp(module)

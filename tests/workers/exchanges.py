@@ -5,7 +5,7 @@
     torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
 
 Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's) carry one
-:class:`gs_horovod.state.GsState` per exchange over synthetic gradients with known heavy
+:class:`gs_horovod.engine.state.EngineState` per exchange over synthetic gradients with known heavy
 coordinates; every rank gathers every rank's gradients and recomputes the step in NumPy, and
 counts the bytes its collectives really received. The pytest side (tests/test_exchanges.py)
 asserts on the JSON each rank writes.
@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from rank_result import write_result
 
-from gs_horovod.gs_sgd import GsConfig, GsSgd
+from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.state import CommStats, GsState
 
 SIZES = {"a.weight": 3000, "b.weight": 1500, "c.bias": 10}  # c.bias is below min_size: sent exactly
 EXCHANGES = ("sparse", "allgather", "sketch")
@@ -69,7 +68,7 @@ def transport(kind: str) -> tuple[Callable[[], Any], Callable[[torch.Tensor], to
     if kind == "ddp":
         import torch.distributed as dist
 
-        from gs_horovod.ddp import DistCollectives
+        from gs_horovod.transports.dist import DistCollectives
 
         dist.init_process_group("gloo")
         P = dist.get_world_size()
@@ -143,14 +142,14 @@ def flat(step: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([step[n] for n in sorted(SIZES)])
 
 
-def state(make: Callable[[], Any], **options: Any) -> tuple[GsState, Counting]:
+def state(make: Callable[[], Any], **options: Any) -> tuple[EngineState, Counting]:
     comm = Counting(make())
-    return GsState(GsSgd(GsConfig(ratio=0.01, **options), TorchOps(), comm), CommStats()), comm
+    return EngineState(GsSgd(GsConfig(ratio=0.01, **options), TorchOps(), comm), CommStats()), comm
 
 
-def step_of(st: GsState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
+def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     out = st.step({n: g.clone() for n, g in grads.items()})
-    return torch.cat([out[n] for n in st.layout.all_names])
+    return torch.cat([out[n] for n in st.plan.all_names])
 
 
 def main(out_dir: str, kind: str) -> None:
@@ -188,11 +187,11 @@ def main(out_dir: str, kind: str) -> None:
         torch.equal(runs["sparse"].residual, runs["allgather"].residual)
     result["sparse_equals_allgather_topk"] = bool(same)
     for e, st in runs.items():
-        D = st.layout.total
+        D = st.plan.total
         kept = gather(st.residual).sum(0) + P * applied[e][:D]
         result[f"{e}_conservation_max_abs"] = float((kept - gather(total[:D]).sum(0)).abs().max())
         result[f"{e}_digest"] = float(applied[e].double().sum())
-        result[f"{e}_exchange"] = st.layout.exchange
+        result[f"{e}_exchange"] = st.plan.exchange
 
     # resume: a new state restored from the first one's per-tensor state after 2 steps continues
     # bitwise as the uninterrupted run (the region edges are not saved: they move no bit)

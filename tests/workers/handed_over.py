@@ -1,12 +1,12 @@
 """Counts the bytes of the tensors really handed to collectives on a rank, for the byte checks:
-GsSketch's :class:`~gs_horovod.state.CommStats` and the baselines' meters are compared with
+GsSketch's :class:`~gs_horovod.engine.state.CommStats` and the baselines' meters are compared with
 these counts, not with their own formulas.
 
 - :class:`HandedOver` wraps ``horovod.torch``'s ``allreduce``, ``allgather``, ``alltoall`` and
-  ``broadcast`` (what :class:`gs_horovod.compressor.HorovodCollectives` calls) and the
+  ``broadcast`` (what :class:`gs_horovod.transports.horovod.HorovodCollectives` calls) and the
   ``allreduce_async_`` / ``grouped_allreduce_async_`` of Horovod's ``DistributedOptimizer``; each
   call goes through to Horovod unchanged and its input's bytes are added up under its name.
-- :class:`CountingCollectives` wraps one :class:`gs_horovod.collectives.Collectives` (for
+- :class:`CountingCollectives` wraps one :class:`gs_horovod.transports.protocol.Collectives` (for
   ``merge="mpi"``, whose big collectives go through mpi4py, not Horovod) the same way.
 """
 
@@ -91,7 +91,7 @@ class HandedOver(Counter):
 
 
 class CountingCollectives:
-    """A :class:`gs_horovod.collectives.Collectives` that counts into ``counter`` the bytes of
+    """A :class:`gs_horovod.transports.protocol.Collectives` that counts into ``counter`` the bytes of
     every input handed to ``inner`` (by name) and forwards the call unchanged."""
 
     def __init__(self, inner: Any, counter: Counter) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 from rank_result import write_result
 
-from gs_horovod.mpi import Communicators, MergeStats, tree_allreduce
+from gs_horovod.transports.mpi import Communicators, MergeStats, tree_allreduce
 
 
 def main(out_dir: str) -> None:

@@ -188,7 +188,7 @@ def groups(out: dict, exchange: str, x, y) -> None:
 
 
 def mpi_merge(out: dict, exchange: str, x, y) -> None:
-    """merge="mpi": the engine's merges by gs_horovod.mpi (tree allreduce, Alltoallv,
+    """merge="mpi": the engine's merges by gs_horovod.transports.mpi (tree allreduce, Alltoallv,
     Allgatherv) instead of Horovod; bytes counted at the engine's collectives."""
     from handed_over import Counter
 
@@ -257,10 +257,10 @@ def per_exchange(exchange: str, refs: dict, x, y, scenarios: str) -> dict:
 
 
 def baselines(result: dict, x, y) -> None:
-    """Every method of the registry (gs_horovod.bench.methods), 3 steps: its meter's payload per
+    """Every method of the registry (gs_bench.methods), 3 steps: its meter's payload per
     step against the bytes handed to Horovod (by the method's own collectives, or by Horovod's
     DistributedOptimizer for dense, fp16 and gs)."""
-    from gs_horovod.bench.methods import METHODS, distributed_optimizer
+    from gs_bench.methods import METHODS, distributed_optimizer
 
     for method in METHODS:
         if method == "gtopk" and hvd.size() & (hvd.size() - 1):

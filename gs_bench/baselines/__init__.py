@@ -1,9 +1,9 @@
 """Baselines gs-SGD is compared with, each built as its authors describe it, with gs-SGD's
 selection kernel and small-tensor rule. Only the algorithms live here; which transport and
-framework runs each (Horovod, DDP, simulated ranks) is :mod:`gs_horovod.bench.methods`.
+framework runs each (Horovod, DDP, simulated ranks) is :mod:`gs_bench.methods`.
 
 Every method exchanges all gradients of a step at ``optimizer.step()`` through
-:class:`~gs_horovod.baselines.exchange.ExchangeOptimizer`, one class per method:
+:class:`~gs_bench.baselines.reducer.ReducerOptimizer`, one class per method:
 
 - :class:`TopKAllgather`: local top-k + allgather of (index, value), DGC-style (Lin et al. 2018).
 - :class:`GTopK`: global top-k by recursive doubling of sparse top-k sets (Shi et al. 2019).
@@ -19,7 +19,7 @@ error-feedback residual and sends tensors under ``min_size`` elements exactly; i
 
 from __future__ import annotations
 
-from .exchange import Exchange, ExchangeOptimizer
 from .methods import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from .reducer import Reducer, ReducerOptimizer
 
-__all__ = ["Exchange", "ExchangeOptimizer", "GTopK", "PowerSGD", "SketchedSGD", "TopKAllgather"]
+__all__ = ["Reducer", "ReducerOptimizer", "GTopK", "PowerSGD", "SketchedSGD", "TopKAllgather"]

@@ -1,6 +1,6 @@
 """The baseline exchanges, each as its authors describe it (see the package docstring), on
-the error-fed vector a (D,) f32 of :class:`~gs_horovod.baselines.exchange.Exchange`, through a
-:class:`~gs_horovod.collectives.Collectives`. Sums over ranks are divided by P: updates are means."""
+the error-fed vector a (D,) f32 of :class:`~gs_bench.baselines.reducer.Exchange`, through a
+:class:`~gs_horovod.transports.protocol.Collectives`. Sums over ranks are divided by P: updates are means."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import math
 
 import torch
 
-from ..collectives import Collectives, gather, pairwise
-from ..kernels import torch_ops
-from ..kernels.hashing import hash_keys
-from ..wire import Collective
-from .exchange import Exchange, Span
+from gs_horovod.kernels import torch_ops
+from gs_horovod.kernels.hashing import hash_keys
+from gs_horovod.transports.protocol import Collectives, gather, pairwise
+from gs_horovod.transports.wire import Collective
+
+from .reducer import Reducer, Span
 
 
 def _power_of_two(P: int, method: str) -> None:
@@ -27,12 +28,12 @@ def _sum_pairs(idx: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, tor
     return uniq, torch.zeros(len(uniq), dtype=vals.dtype).index_add_(0, inverse, vals)
 
 
-class TopKAllgather(Exchange):
+class TopKAllgather(Reducer):
     """Top-k allgather (DGC-style, Lin et al. 2018): each rank sends its top-k (int32 index,
     f32 value) of every span; all ranks allgather them and apply the mean of the P sparse sets
     (up to P·k coordinates). Payload 8k per span; ring allgather: 2(P−1)·8k through a rank."""
 
-    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+    def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.cat([self.top_abs(a[s.start:s.start + s.size], s.k) + s.start for s in spans])
         vals = a[idx]
@@ -46,7 +47,7 @@ class TopKAllgather(Exchange):
         return [("allgather", 4.0 * k), ("allgather", 4.0 * k)]
 
 
-class GTopK(Exchange):
+class GTopK(Reducer):
     """gTop-k (Shi et al. 2019): local top-k sets merged by recursive doubling. In round i a
     rank swaps its current k-sparse set (int32 indices, f32 values) with rank ⊕ 2^i, sums the
     two sets pairwise (≤ 2k pairs, sparse) and keeps their top k. After log2 P rounds every rank
@@ -54,7 +55,7 @@ class GTopK(Exchange):
     that are in the final set leave its residual. P must be a power of two (as published).
     Payload 8k per span per round."""
 
-    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+    def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         P = comm.size
         _power_of_two(P, "gTop-k")
@@ -88,7 +89,7 @@ class GTopK(Exchange):
         return [("pairwise", 8.0 * k)] * int(math.log2(ranks))
 
 
-class SketchedSGD(Exchange):
+class SketchedSGD(Reducer):
     """Sketched-SGD (Ivkin et al. 2019), whole-model as published: every rank sends a rows ×
     ceil(width·k) f32 Count-Sketch of its whole a (per span) to rank 0 (a star, rank 0 in the
     parameter server's place), which sums them and finds the ``p2``·k heavy hitters; rank 0
@@ -112,7 +113,7 @@ class SketchedSGD(Exchange):
     def candidates(self, s: Span) -> int:
         return min(s.size, self.p2 * s.k)
 
-    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+    def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         tables = []
         for s in spans:
@@ -149,7 +150,7 @@ class SketchedSGD(Exchange):
         return [("gather", 4.0 * cells), ("broadcast", 4.0 * cands), ("allreduce", 4.0 * cands)]
 
 
-class PowerSGD(Exchange):
+class PowerSGD(Reducer):
     """Rank-r PowerSGD (Vogels et al. 2019) with error feedback and warm start: a tensor as an
     n×m matrix M (first dimension × the rest); P = M·Q, allreduce-mean P, orthonormalise
     (QR); Q = Mᵀ·P, allreduce-mean Q; the update is P·Qᵀ and this rank's sent part P·(Mᵀ·P)ᵀ.
@@ -168,7 +169,7 @@ class PowerSGD(Exchange):
         n = shape[0] if shape else 1
         return n, math.prod(shape) // max(1, n)
 
-    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+    def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> None:
         P = comm.size
         mats, flat, start = [], [], 0

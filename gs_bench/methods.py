@@ -2,13 +2,13 @@
 name its Horovod optimizer (torch, under horovodrun), DDP communication hook, exchange on
 simulated ranks, Horovod TensorFlow compression, the collectives one step issues planned from the
 gradient shapes, and the :class:`Meter` of the bytes each rank sends. A method is added here,
-once; :mod:`.cli`, :mod:`.variants`, :mod:`.ddp_hooks` and the scripts look it up.
+once; :mod:`.cli`, :mod:`.variants` and the scripts look it up.
 
 - ``gs``: GsSketch (:mod:`gs_horovod.torch`, :mod:`gs_horovod.ddp`, :mod:`gs_horovod.tensorflow`);
-  options: :class:`~gs_horovod.gs_sgd.GsConfig`'s and ``merge``.
+  options: :class:`~gs_horovod.engine.GsConfig`'s and ``merge``.
 - ``none`` / ``fp16``: Horovod's ``Compression.none`` / ``fp16`` (DDP: no hook / torch's
   ``fp16_compress_hook``): one allreduce of every gradient at 4 / 2 bytes an element.
-- ``topk``, ``gtopk``, ``sketched``, ``powersgd``: the baselines of :mod:`gs_horovod.baselines`
+- ``topk``, ``gtopk``, ``sketched``, ``powersgd``: the baselines of :mod:`gs_bench.baselines`
   (options: their constructors'); under DDP ``powersgd`` is torch's ``powerSGD_hook``.
 """
 
@@ -18,10 +18,11 @@ import inspect
 import math
 from typing import Any, Callable, Optional
 
-from ..baselines import Exchange, ExchangeOptimizer, GTopK, PowerSGD, SketchedSGD, TopKAllgather
-from ..gs_sgd import GsConfig, Layout, collectives_of
-from ..state import CommStats
-from ..wire import Collective, Traffic, total_wire_bytes
+from gs_horovod.engine import CommStats, GsConfig, Plan, collectives_of
+from gs_horovod.transports.wire import Collective, Traffic, total_wire_bytes
+
+from .baselines import GTopK, PowerSGD, Reducer, ReducerOptimizer, SketchedSGD, TopKAllgather
+from .powersgd_hook import register_powersgd_hook
 
 Shapes = list[tuple[int, ...]]
 
@@ -52,7 +53,7 @@ class Meter:
     @classmethod
     def of_gs(cls, stats: CommStats, ranks: int, allreduce_kind: str = "allreduce") -> Meter:
         """gs-SGD's meter from its :class:`CommStats`: per step (means so far) its collectives
-        as :func:`gs_horovod.gs_sgd.collectives_of` lays them out, the allreduces as ``allreduce_kind``."""
+        as :func:`gs_horovod.engine.collectives_of` lays them out, the allreduces as ``allreduce_kind``."""
         return cls(ranks, lambda: collectives_of(stats.per_step(), allreduce_kind))
 
 
@@ -101,8 +102,8 @@ class Method:
         raise NotImplementedError
 
     def simulated(self, comm: Any, ratio: Optional[float], options: dict[str, Any]) -> Any:
-        """The exchange (``exchange(named, comm)`` → updates) of one simulated rank on ``comm``
-        (a :class:`~gs_horovod.simulated.SimulatedComm`), for :class:`ExchangeOptimizer`."""
+        """The reducer (``reduce(named, comm)`` → updates) of one simulated rank on ``comm``
+        (a :class:`~gs_horovod.transports.simulated.SimulatedComm`), for :class:`ReducerOptimizer`."""
         raise ValueError(f"{self.label} does not run on simulated ranks")
 
     def ddp(self, ddp_model: Any, module: Any, ratio: Optional[float], options: dict[str, Any]) -> Meter:
@@ -139,8 +140,8 @@ class Gs(Method):
                 options: dict[str, Any]) -> tuple[Any, Meter]:
         import horovod.torch as hvd
 
-        from ..compressor import allreduce_kind
-        from ..torch import GsSketch
+        from gs_horovod.compressor import allreduce_kind
+        from gs_horovod.torch import GsSketch
 
         gs = GsSketch(**_ratio(ratio), **options)
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
@@ -148,31 +149,31 @@ class Gs(Method):
 
     def planned(self, options: dict[str, Any], shapes: Shapes, ranks: int,
                 ratio: Optional[float] = None) -> list[Collective]:
-        from ..compressor import allreduce_kind
+        from gs_horovod.compressor import allreduce_kind
 
         config, merge = self.config(options, ratio)
-        layout = Layout.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config, ranks=ranks,
-                              allreduce_kind=allreduce_kind(merge))
-        return layout.collectives(config)
+        plan = Plan.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config, ranks=ranks,
+                          allreduce_kind=allreduce_kind(merge))
+        return plan.collectives(config)
 
     def simulated(self, comm: Any, ratio: Optional[float], options: dict[str, Any]) -> Any:
-        from ..simulated import EngineExchange
+        from .engine_reducer import EngineReducer
 
         if "merge" in options:
             raise ValueError("simulated ranks merge in process: GsSketch's merge option does not apply")
-        return EngineExchange(comm, **_ratio(ratio), **options)
+        return EngineReducer(comm, **_ratio(ratio), **options)
 
     def ddp(self, ddp_model: Any, module: Any, ratio: Optional[float], options: dict[str, Any]) -> Meter:
         import torch.distributed as dist
 
-        from ..ddp import GsState, gs_hook
+        from gs_horovod.ddp import GsState, gs_hook
 
         state = GsState(model=module, **_ratio(ratio), **options)
         ddp_model.register_comm_hook(state, gs_hook)
         return Meter.of_gs(state.stats, dist.get_world_size())
 
     def tensorflow(self, ratio: Optional[float], options: dict[str, Any]) -> Any:
-        from ..tensorflow import GsSketch
+        from gs_horovod.tensorflow import GsSketch
 
         return GsSketch(**_ratio(ratio), **options)
 
@@ -204,11 +205,11 @@ class Dense(Method):
         return [("allreduce", float(sum(map(math.prod, shapes)) * self.itemsize))]
 
     def simulated(self, comm: Any, ratio: Optional[float], options: dict[str, Any]) -> Any:
-        from ..simulated import MeanExchange
+        from .engine_reducer import MeanReducer
 
         if not self.simulated_too:
             return super().simulated(comm, ratio, options)
-        return MeanExchange()
+        return MeanReducer()
 
     def ddp(self, ddp_model: Any, module: Any, ratio: Optional[float], options: dict[str, Any]) -> Meter:
         import torch.distributed as dist
@@ -226,41 +227,41 @@ class Dense(Method):
 
 
 class Baseline(Method):
-    """A baseline :class:`~gs_horovod.baselines.Exchange` of class ``exchange_class``: every
-    gradient of a step exchanged at ``optimizer.step()`` (:class:`ExchangeOptimizer`), its
+    """A baseline :class:`~gs_bench.baselines.Exchange` of class ``reducer_class``: every
+    gradient of a step exchanged at ``optimizer.step()`` (:class:`ReducerOptimizer`), its
     collectives counted as the transport issues them."""
 
-    def __init__(self, name: str, label: str, exchange_class: type[Exchange]) -> None:
-        self.name, self.label, self.exchange_class = name, label, exchange_class
-        parameters = inspect.signature(exchange_class).parameters
+    def __init__(self, name: str, label: str, reducer_class: type[Reducer]) -> None:
+        self.name, self.label, self.reducer_class = name, label, reducer_class
+        parameters = inspect.signature(reducer_class).parameters
         self.takes_ratio, self.scoped = "ratio" in parameters, "scope" in parameters
 
-    def exchange(self, ratio: Optional[float], options: dict[str, Any]) -> Exchange:
-        """The exchange with these options."""
+    def reducer(self, ratio: Optional[float], options: dict[str, Any]) -> Reducer:
+        """The reducer with these options."""
         self.check(ratio, options)
-        return self.exchange_class(**_ratio(ratio), **options)
+        return self.reducer_class(**_ratio(ratio), **options)
 
     def horovod(self, optimizer: Any, named: list[tuple[str, Any]], ratio: Optional[float],
                 options: dict[str, Any]) -> tuple[Any, Meter]:
         import horovod.torch as hvd
 
-        from ..compressor import HorovodCollectives
-        from ..kernels.torch_ops import TorchOps
+        from gs_horovod.kernels.torch_ops import TorchOps
+        from gs_horovod.transports.horovod import HorovodCollectives
 
         comm = HorovodCollectives(hvd, TorchOps(), hvd.Sum, hvd.global_process_set, Traffic(hvd.size()))
-        return ExchangeOptimizer(optimizer, named, self.exchange(ratio, options), comm), Meter.of_traffic(comm.traffic)
+        return ReducerOptimizer(optimizer, named, self.reducer(ratio, options), comm), Meter.of_traffic(comm.traffic)
 
     def planned(self, options: dict[str, Any], shapes: Shapes, ranks: int,
                 ratio: Optional[float] = None) -> list[Collective]:
-        return self.exchange(ratio, options).planned(shapes, ranks)
+        return self.reducer(ratio, options).planned(shapes, ranks)
 
     def simulated(self, comm: Any, ratio: Optional[float], options: dict[str, Any]) -> Any:
-        return self.exchange(ratio, options)
+        return self.reducer(ratio, options)
 
 
 class PowerSgd(Baseline):
-    """PowerSGD: this project's :class:`~gs_horovod.baselines.PowerSGD` under Horovod and on
-    simulated ranks; under DDP torch's own ``powerSGD_hook`` (:mod:`.ddp_hooks`; ``rank`` stands
+    """PowerSGD: this project's :class:`~gs_bench.baselines.PowerSGD` under Horovod and on
+    simulated ranks; under DDP torch's own ``powerSGD_hook`` (:mod:`.powersgd_hook`; ``rank`` stands
     for ``matrix_approximation_rank``)."""
 
     under_ddp = True
@@ -268,12 +269,10 @@ class PowerSgd(Baseline):
     def variant_label(self, options: dict[str, Any]) -> str:
         """"PowerSGD r1", "PowerSGD r4, min_size=64", ... (the rank always named)."""
         rest = dict(options)
-        rank = rest.pop("rank", inspect.signature(self.exchange_class).parameters["rank"].default)
+        rank = rest.pop("rank", inspect.signature(self.reducer_class).parameters["rank"].default)
         return f"{self.label} r{rank}" + "".join(f", {k}={v}" for k, v in sorted(rest.items()))
 
     def ddp(self, ddp_model: Any, module: Any, ratio: Optional[float], options: dict[str, Any]) -> Meter:
-        from .ddp_hooks import register_powersgd_hook
-
         return Meter.of_traffic(register_powersgd_hook(ddp_model, **options))
 
 
@@ -294,9 +293,22 @@ def method(name: str) -> Method:
 def distributed_optimizer(name: str, optimizer: Any, named_parameters: Any, ratio: Optional[float] = None,
                           **options: Any) -> tuple[Any, Meter]:
     """(optimizer, :class:`Meter`) of method ``name`` under horovodrun (torch): GsSketch in
-    Horovod's DistributedOptimizer, Horovod's none / fp16, or a baseline's ExchangeOptimizer.
+    Horovod's DistributedOptimizer, Horovod's none / fp16, or a baseline's ReducerOptimizer.
     ``ratio`` None: the method's default."""
     m = method(name)
     m.check(ratio, options)
     return m.horovod(optimizer, list(named_parameters), ratio, options)
 
+
+DDP_METHODS = tuple(name for name, m in METHODS.items() if m.under_ddp)
+
+
+def register_hook(name: str, ddp_model: Any, module: Any, ratio: Optional[float] = None,
+                  **options: Any) -> Meter:
+    """Registers method ``name``'s communication hook on ``ddp_model`` (which wraps ``module``)
+    and returns the meter of its bytes. ``ratio``: gs only (None: GsSketch's default)."""
+    m = method(name)
+    if not m.under_ddp:
+        raise ValueError(f"method must be one of {DDP_METHODS} under DDP, got {name!r}")
+    m.check(ratio, options)
+    return m.ddp(ddp_model, module, ratio, options)

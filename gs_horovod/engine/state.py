@@ -1,11 +1,13 @@
-"""The gs-SGD state of one optimizer on one rank, kept between steps: in the spirit of torch's
-``PowerSGDState`` and GRACE's ``Memory``, one object that owns what :class:`GsSgd.step`
-returns, the layout and the accounting, so that an adapter only records gradients and hands
-out updates.
+"""The state of one optimizer (or one DDP model) on one rank, kept between steps, and the
+adapter core written once: in the spirit of torch's ``PowerSGDState`` and GRACE's ``Memory``,
+:class:`EngineState` records the step's gradients, runs one engine step over all of them and
+hands out each tensor's slice of the update, so that an adapter only translates.
 
-TensorFlow keeps the same quantities in graph variables (Horovod traces the step inside a
-``tf.function``); it uses the layout rule (:meth:`Layout.split`), the accounting
-(:meth:`Layout.payload_bytes`) and the restore check (:func:`check_restored`) from here.
+TensorFlow keeps the same quantities in graph variables instead: Horovod traces its step
+inside a ``tf.function``, where a new residual must be assigned to a variable the trace
+captured, not swapped for a new buffer as here. It shares the plan rule
+(:meth:`Plan.split`), the accounting (:meth:`CommStats.amounts`) and the restore check
+(:func:`check_restored`) with this module.
 """
 
 from __future__ import annotations
@@ -13,16 +15,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .array_ops import Array, ArrayOps
-from .gs_sgd import GsConfig, GsSgd, Layout, Payload
+from ..array_ops import Array, ArrayOps
+from .config import GsConfig
+from .payload import Payload
+from .plan import Plan
+from .step import GsSgd
 
 
 @dataclass
 class CommStats:
     """Payload bytes this rank handed to collectives, by collective (the fields of
-    :class:`~gs_horovod.gs_sgd.Payload`: the sketch merge, the allgather, the sparse exchange's
-    alltoall and threshold rounds, the exact round, dense steps and tensors), and steps
-    (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
+    :class:`~gs_horovod.engine.payload.Payload`: the sketch merge, the allgather, the sparse
+    exchange's alltoall and threshold rounds, the exact round, dense steps and tensors), and
+    steps (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
 
     sketch_bytes: int = 0
     gather_bytes: int = 0
@@ -38,17 +43,28 @@ class CommStats:
         return sum(getattr(self, f + "_bytes") for f in Payload._fields)
 
     def per_step(self) -> Payload:
-        """The mean :class:`~gs_horovod.gs_sgd.Payload` of the steps so far."""
+        """The mean :class:`~gs_horovod.engine.payload.Payload` of the steps so far."""
         steps = max(1, self.steps)
         return Payload(*(getattr(self, f + "_bytes") / steps for f in Payload._fields))
 
-    def add(self, layout: Layout, config: GsConfig, dense: bool, applied: bool, gathered: int = 0) -> None:
-        """Counts one step of ``layout`` (``dense``: a warm-up step); ``gathered``: the pairs
-        this rank put into the sparse exchange's allgather, counted instead of the plan."""
-        for f, n in zip(Payload._fields, layout.payload_bytes(config, dense, gathered)):
-            setattr(self, f + "_bytes", getattr(self, f + "_bytes") + n)
-        self.steps += 1
-        self.skipped += 0 if applied else 1
+    @staticmethod
+    def amounts(plan: Plan, config: GsConfig, dense: Any, applied: Any, gathered: Any = 0,
+                where: Any = None) -> dict[str, Any]:
+        """What one step of ``plan`` adds to each field: ``dense`` (a warm-up step), ``applied``
+        and ``gathered`` (the pairs this rank put into the sparse exchange's allgather, counted
+        instead of the plan) as bools and ints, or as graph tensors with ``where`` (``tf.where``)
+        choosing between the dense and the compressed bytes."""
+        compressed, warm = plan.payload_bytes(config, False, gathered), plan.payload_bytes(config, True)
+        if where is None:
+            chosen = warm if dense else compressed
+        else:
+            chosen = [where(dense, w, c) for w, c in zip(warm, compressed)]
+        return {**{f + "_bytes": n for f, n in zip(Payload._fields, chosen)}, "steps": 1, "skipped": 1 - applied}
+
+    def add(self, plan: Plan, config: GsConfig, dense: bool, applied: bool, gathered: int = 0) -> None:
+        """Counts one step of ``plan`` (:meth:`amounts`)."""
+        for name, n in self.amounts(plan, config, dense, int(applied), gathered).items():
+            setattr(self, name, getattr(self, name) + n)
 
 
 def check_restored(name: str, saved: int, size: int) -> None:
@@ -57,38 +73,39 @@ def check_restored(name: str, saved: int, size: int) -> None:
         raise ValueError(f"saved GsSketch state of {name!r} has {saved} elements, the tensor {size}")
 
 
-class GsState:
+class EngineState:
     """gs-SGD state of one optimizer (one set of tensors, one op and process set) on one rank.
 
     Fields:
 
     - ``engine``: the :class:`GsSgd` that steps it (config, array ops, collectives).
-    - ``layout``: the :class:`Layout` of the last step's tensors (None before the first): the
+    - ``plan``: the :class:`Plan` of the last step's tensors (None before the first): the
       ``min_size`` split, the order and offsets of the compressed tensors in the flat buffers.
     - ``residual``: e, (D,) f32, every compressed tensor's error-feedback residual, laid end to
-      end in ``layout`` order (D = ``layout.total``); zero at the first step. The step's a = e + u
+      end in ``plan`` order (D = ``plan.total``); zero at the first step. The step's a = e + u
       is written into a new buffer which becomes the next ``residual`` in place: no per-tensor
       copies, no concatenation.
     - ``momentum``: u, (D,) f32 laid out alike, or None when ``config.momentum`` is 0.
     - ``steps``: steps applied (warm-up runs while ``steps < config.warmup_steps``).
     - ``checked``: whether the options were compared across ranks (at the first step).
-    - ``grads`` / ``update``: this step's recorded gradients (d,) f32 by name, and its flat
-      update (D + dense,) f32 with each tensor's view by name (``updates``), handed out once.
+    - ``grads`` / ``updates``: this step's recorded gradients (d,) f32 by name, and each
+      tensor's view of its flat update (D + dense,) f32 by name, handed out once.
     - ``sizes``: the elements of every tensor that may appear, when known (restore checks).
-    - ``pending``: restored per-tensor state not laid out yet, name → (residual, momentum, steps).
-    - ``stats``: the :class:`CommStats` this state's steps count into (the compressor's).
+    - ``pending``: restored per-tensor state not laid out yet, name → {"residual", "momentum",
+      "steps"} as saved (any device; moved when laid out).
+    - ``stats``: the :class:`CommStats` this state's steps count into (the adapter's).
     """
 
     def __init__(self, engine: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None) -> None:
         self.engine, self.stats, self.sizes = engine, stats, dict(sizes or {})
-        self.layout: Optional[Layout] = None
+        self.plan: Optional[Plan] = None
         self.residual: Any = None
         self.momentum: Any = None
         self.steps = 0
         self.checked = False
         self.grads: dict[str, Array] = {}
         self.updates: Optional[dict[str, Array]] = None
-        self.pending: dict[str, tuple[Array, Optional[Array], int]] = {}
+        self.pending: dict[str, dict[str, Any]] = {}
 
     @property
     def ops(self) -> ArrayOps:
@@ -111,72 +128,68 @@ class GsState:
     def step(self, grads: dict[str, Array]) -> dict[str, Array]:
         """One engine step over ``grads`` (name → (d,) f32); stores the new state unless the
         step was skipped; returns each tensor's update, a view of the step's flat update."""
-        config = self.engine.config
+        config, comm = self.engine.config, self.engine.comm
         like = next(iter(grads.values()))
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
-        comm = self.engine.comm
-        self._lay_out(Layout.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind), like)
-        layout = self.layout
+        self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind), like)
+        plan = self.plan
         warm = self.steps < config.warmup_steps
-        result = self.engine.step(layout, [grads[n] for n in layout.names], self.residual, self.momentum,
-                                  self.steps, not self.checked, [grads[n] for n in layout.dense_names])
+        result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
+                                  self.steps, not self.checked, [grads[n] for n in plan.dense_names])
         self.checked = True
-        self.stats.add(layout, config, warm or not layout.groups, bool(result.applied), result.gathered)
+        self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), result.gathered)
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         ops = self.ops
-        return {n: ops.slice(result.update, o, d)
-                for n, o, d in zip(layout.all_names, layout.all_offsets, layout.all_sizes)}
+        return {n: ops.slice(result.update, o, d) for n, o, d in zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
 
     def tensors(self) -> dict[str, dict[str, Any]]:
         """Per compressed tensor (and restored ones not laid out yet): {"residual" (d,) f32,
         "momentum" (d,) f32 or None, "steps"}, copies."""
-        return {**self.pending_tensors(), **self._current()}
-
-    def pending_tensors(self) -> dict[str, dict[str, Any]]:
-        return {n: {"residual": r, "momentum": m, "steps": s} for n, (r, m, s) in self.pending.items()}
+        return {**self.pending, **self._current()}
 
     def _current(self) -> dict[str, dict[str, Any]]:
-        if self.layout is None:
+        if self.plan is None:
             return {}
         ops, out = self.ops, {}
-        for n, o, d in zip(self.layout.names, self.layout.offsets, self.layout.sizes):
+        for n, o, d in zip(self.plan.names, self.plan.offsets, self.plan.sizes):
             momentum = None if self.momentum is None else ops.copy(ops.slice(self.momentum, o, d))
             out[n] = {"residual": ops.copy(ops.slice(self.residual, o, d)), "momentum": momentum, "steps": self.steps}
         return out
 
     def restore(self, tensors: dict[str, dict[str, Any]]) -> None:
         """Takes saved per-tensor state (as :meth:`tensors` gives it, arrays of this framework on
-        any device); sizes are checked against the known ones now, the rest when laid out."""
+        any device, any float dtype); sizes are checked against the known ones now, the rest
+        when laid out, where they are copied to the step's device in float32."""
         for name, saved in tensors.items():
             residual = saved["residual"].reshape(-1)
             if name in self.sizes:
                 check_restored(name, int(residual.shape[0]), self.sizes[name])
             momentum = None if saved["momentum"] is None else saved["momentum"].reshape(-1)
-            self.pending[name] = (residual, momentum, int(saved["steps"]))
-        if self.layout is not None:
-            layout, self.layout = self.layout, None
-            self._lay_out(layout, self.residual)
+            self.pending[name] = {"residual": residual, "momentum": momentum, "steps": int(saved["steps"])}
+        if self.plan is not None:
+            plan, self.plan = self.plan, None
+            self._lay_out(plan, self.residual)
 
-    def _lay_out(self, layout: Layout, like: Array) -> None:
-        """Makes ``layout`` current: buffers of its size on ``like``'s device holding the state of
-        every tensor kept from the previous layout or restored (zeros for the others)."""
-        if layout == self.layout:
+    def _lay_out(self, plan: Plan, like: Array) -> None:
+        """Makes ``plan`` current: buffers of its size on ``like``'s device holding the state of
+        every tensor kept from the previous plan or restored (zeros for the others)."""
+        if plan == self.plan:
             return
-        old = {**self._current(), **self.pending_tensors()}
+        old = {**self._current(), **self.pending}
         ops = self.ops
         residuals, momenta = [], []
-        for n, d in zip(layout.names, layout.sizes):
+        for n, d in zip(plan.names, plan.sizes):
             saved = old.get(n)
             if saved is not None:
                 check_restored(n, int(saved["residual"].shape[0]), d)
                 self.steps = max(self.steps, saved["steps"])
-            residuals.append(ops.zeros((d,), like) if saved is None else saved["residual"])
             kept = None if saved is None else saved["momentum"]
-            momenta.append(ops.zeros((d,), like) if kept is None else kept)
+            residuals.append(ops.zeros((d,), like) if saved is None else ops.moved(saved["residual"], like))
+            momenta.append(ops.zeros((d,), like) if kept is None else ops.moved(kept, like))
         self.residual = ops.concat(residuals) if residuals else ops.zeros((0,), like)
         self.momentum = None
         if self.engine.config.momentum:
             self.momentum = ops.concat(momenta) if momenta else ops.zeros((0,), like)
-        self.pending = {n: s for n, s in self.pending.items() if n not in layout.names}
-        self.layout = layout
+        self.pending = {n: s for n, s in self.pending.items() if n not in plan.names}
+        self.plan = plan

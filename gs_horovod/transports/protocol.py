@@ -1,24 +1,26 @@
-"""The one protocol for every collective that gs-SGD's engine and the baselines issue, and the
-collectives written once on top of it.
+"""The one protocol for every collective that gs-SGD's engine, its checkpoints and the
+baselines issue, and what is written once on top of it.
 
-Each transport implements :class:`Collectives` once, in one place:
+Each transport implements :class:`Collectives` once, in a module of its own here:
 
-- Horovod (``horovod.torch`` or ``horovod.tensorflow``): :class:`gs_horovod.compressor.HorovodCollectives`;
-- ``merge="mpi"`` (mpi4py beside Horovod): :class:`gs_horovod.compressor.MpiCollectives`;
-- torch.distributed (the DDP hook): :class:`gs_horovod.ddp.DistCollectives`;
-- P ranks in one process: :class:`gs_horovod.simulated.SimulatedComm`.
+- Horovod (``horovod.torch`` or ``horovod.tensorflow``): :class:`.horovod.HorovodCollectives`;
+- ``merge="mpi"`` (mpi4py beside Horovod): :class:`.mpi.MpiCollectives`;
+- torch.distributed (the DDP hook): :class:`.dist.DistCollectives`;
+- P ranks in one process: :class:`.simulated.SimulatedComm`.
 
 Every call counts its ``(kind, payload bytes)`` into ``traffic``
-(:class:`gs_horovod.wire.Traffic`, the wire algorithm of :mod:`gs_horovod.wire`), where it is
-sent, once; a transport that runs inside a traced TensorFlow graph has ``traffic = None``
-(its adapter's graph counters count instead).
+(:class:`~.wire.Traffic`, the wire algorithm of :mod:`.wire`), where it is sent, once; a
+transport that runs inside a traced TensorFlow graph has ``traffic = None`` (its adapter's
+graph counters count instead).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
-from .array_ops import Array
+import numpy as np
+
+from ..array_ops import Array, ArrayOps
 from .wire import Traffic
 
 
@@ -26,7 +28,7 @@ class Collectives(Protocol):
     """Collectives over ``size`` ranks (P) seen from ``rank``; every result is bitwise the same
     on every rank (``gather``: on rank 0). ``averages``: whether :meth:`allreduce` returns the
     mean (Horovod's op Average) or the sum (op Sum). ``allreduce_kind``: the
-    :mod:`gs_horovod.wire` kind its allreduces run as ("allreduce": a ring; "tree": recursive
+    :mod:`gs_horovod.transports.wire` kind its allreduces run as ("allreduce": a ring; "tree": recursive
     doubling), which prices them in ``exchange="auto"``."""
 
     rank: int
@@ -56,6 +58,19 @@ class Collectives(Protocol):
 
     def same_on_every_rank(self, value: Any, name: str) -> Any:
         """Whether every rank holds the same int ``value`` in [0, 2^62) (a predicate)."""
+
+    def from_host(self, x: np.ndarray) -> Array:
+        """x as an array these collectives take (on their device), eagerly."""
+
+    def to_host(self, x: Array) -> np.ndarray:
+        """A result of these collectives as a NumPy array, eagerly."""
+
+
+def half_prescaled(ops: ArrayOps, x: Array, size: int) -> Array:
+    """x (n,) f16 divided by the ``size`` ranks in f32 and rounded back to f16: what every
+    transport sums to average a float16 payload (the sketch), so that the f16 sum cannot
+    overflow where the mean does not (Horovod's prescale does the same)."""
+    return ops.cast(ops.cast(x, "float32") * (1.0 / size), "float16")
 
 
 def _one_receiver(comm: Collectives, x: Any, dest: int, name: str, kind: str) -> Any:

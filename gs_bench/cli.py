@@ -71,7 +71,7 @@ def gs_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, Any]]:
-    """(ratio, options) for ``args.compression`` (:data:`gs_horovod.bench.methods.METHODS`): from
+    """(ratio, options) for ``args.compression`` (:data:`gs_bench.methods.METHODS`): from
     the flag the method takes its options with (GsSketch's as the user gave them,
     :func:`gs_options`; a baseline's ``--opt`` items) and ``--ratio`` if it takes one. A flag the
     method does not take is an error (none/fp16 refuse both): no flag is silently ignored."""
@@ -90,8 +90,8 @@ def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, An
 
 
 def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_parameters: Any) -> tuple[Any, Any]:
-    """(optimizer, :class:`gs_horovod.bench.methods.Meter`) for ``args.compression`` in a torch
-    demo under horovodrun (:func:`gs_horovod.bench.methods.distributed_optimizer` with
+    """(optimizer, :class:`gs_bench.methods.Meter`) for ``args.compression`` in a torch
+    demo under horovodrun (:func:`gs_bench.methods.distributed_optimizer` with
     :func:`method_options`)."""
     from .methods import distributed_optimizer
 
@@ -133,7 +133,7 @@ class HorovodRanks:
 class TorchRanks:
     """The same under torchrun: ``torch.distributed`` over gloo (the demos run on the CPU) and
     DistributedDataParallel with the communication hook of ``--compression``
-    (:func:`gs_horovod.bench.ddp_hooks.register_hook`)."""
+    (:func:`gs_bench.methods.register_hook`)."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -147,7 +147,7 @@ class TorchRanks:
         the weights equal, so no optimizer state is sent)."""
         from torch.nn.parallel import DistributedDataParallel
 
-        from .ddp_hooks import register_hook
+        from .methods import register_hook
 
         ratio, options = method_options(args)
         ddp = DistributedDataParallel(model)  # broadcasts rank 0's weights
@@ -169,11 +169,11 @@ class TorchRanks:
 
 class SimulatedTrainingRanks:
     """A torch demo's rank r of P ranks simulated in one process (``--simulated-ranks P``,
-    :class:`gs_horovod.simulated.SimulatedRanks`: one thread per rank, taking turns), with the
+    :class:`gs_horovod.transports.simulated.SimulatedRanks`: one thread per rank, taking turns), with the
     calls of :class:`HorovodRanks`. Gradients are exchanged at ``optimizer.step()`` through the
-    rank's :class:`~gs_horovod.simulated.SimulatedComm`, by the method's simulated exchange
-    (:meth:`gs_horovod.bench.methods.Method.simulated`: gs-SGD by the engine itself, a
-    baseline by its ``Exchange``, "none" by the exact mean);
+    rank's :class:`~gs_horovod.transports.simulated.SimulatedComm`, by the method's simulated exchange
+    (:meth:`gs_bench.methods.Method.simulated`: gs-SGD by the engine itself, a
+    baseline by its ``Reducer``, "none" by the exact mean);
     so the process computes what P processes would, up to the order of floating-point sums."""
 
     def __init__(self, comm: Any) -> None:
@@ -182,7 +182,7 @@ class SimulatedTrainingRanks:
     def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
                    optimizer_state: bool = True) -> tuple[Any, Any, Any]:
         """(model, optimizer, Meter); every rank builds the same weights from the same seed."""
-        from ..baselines import ExchangeOptimizer
+        from .baselines import ReducerOptimizer
         from .methods import METHODS, Meter
 
         ratio, options = method_options(args)
@@ -191,7 +191,7 @@ class SimulatedTrainingRanks:
             raise SystemExit(f"--simulated-ranks runs {[n for n, x in METHODS.items() if x.simulated_too]}, not "
                              f"--compression {args.compression}")
         m.check(ratio, options)
-        opt = ExchangeOptimizer(optimizer, model.named_parameters(), m.simulated(self.comm, ratio, options), self.comm)
+        opt = ReducerOptimizer(optimizer, model.named_parameters(), m.simulated(self.comm, ratio, options), self.comm)
         return model, opt, Meter.of_traffic(self.comm.traffic)
 
     def min(self, value: int) -> int:
@@ -217,7 +217,7 @@ def run_on_ranks(args: argparse.Namespace, train: Callable[[Any], dict]) -> dict
         return train(ranks_from_env())
     if args.simulated_ranks < 1:
         raise SystemExit(f"--simulated-ranks must be >= 1, got {args.simulated_ranks}")
-    from ..simulated import SimulatedRanks
+    from gs_horovod.transports.simulated import SimulatedRanks
 
     return SimulatedRanks(args.simulated_ranks).run(lambda rank, comm: train(SimulatedTrainingRanks(comm)))[0]
 

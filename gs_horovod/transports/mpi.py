@@ -1,4 +1,6 @@
-"""Sum-allreduce of equal-shaped buffers over mpi4py by recursive doubling, node-aware.
+"""``merge="mpi"`` as a transport: :class:`MpiCollectives`, whose allreduces are
+:func:`tree_allreduce` (recursive doubling, node-aware) over mpi4py and whose alltoall and
+allgather are MPI's Alltoallv / Allgatherv, beside Horovod.
 
 ``tree_allreduce(buf, comm)`` sums ``buf`` over every rank of ``comm`` and returns the sum,
 bitwise identical on every rank:
@@ -27,9 +29,14 @@ import ctypes
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
+
+from ..array_ops import Array, ArrayOps
+from .horovod import HorovodCollectives
+from .protocol import count, half_prescaled
+from .wire import Traffic
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -261,3 +268,49 @@ def _sync(x: Any) -> Any:
 
         torch.cuda.current_stream(x.device).synchronize()
     return x
+
+
+TreeAllreduce = Callable[[Array, Any, MergeStats], Array]
+"""The framework's call of :func:`tree_allreduce`: (x, communicators, stats) → sum."""
+
+
+NumpyCall = Callable[[Callable[..., Any], list[Array], list[str]], tuple[Array, ...]]
+"""The framework's way to run a NumPy function on its arrays: (fn, arrays, the dtype names of
+fn's results) → fn's results as the framework's arrays, on the first array's device (torch:
+eagerly; TF: ``tf.numpy_function``)."""
+
+
+class MpiCollectives(HorovodCollectives):
+    """Sketch merge, exact round and the sparse exchange's threshold rounds by
+    :func:`tree_allreduce` over mpi4py (recursive doubling, through ``tree``), its alltoall and
+    allgather by MPI's Alltoallv / Allgatherv (through ``numpy_call``); the tiny checks stay on
+    Horovod."""
+
+    allreduce_kind = "tree"
+
+    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Communicators, stats: MergeStats,
+                 tree: TreeAllreduce, numpy_call: NumpyCall, traffic: Optional[Traffic] = None) -> None:
+        super().__init__(hvd, ops, op, process_set, traffic)
+        self.comms, self.stats, self.tree, self.numpy_call = comms, stats, tree, numpy_call
+
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        count(self.traffic, "tree", x)
+        return self.tree(x, self.comms, self.stats)
+
+    def allgather(self, x: Array, name: str) -> Array:
+        count(self.traffic, "allgather", x)
+        return self.numpy_call(lambda buf: (allgatherv(buf, self.comms.comm),), [x], ["float32"])[0]
+
+    def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
+        count(self.traffic, kind, x)
+        received, got = self.numpy_call(lambda buf, counts: alltoallv(buf, counts, self.comms.comm), [x, splits],
+                                        ["float32", "int32"])
+        return received, self.ops.reshape(got, (self.size,))
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        count(self.traffic, "tree", x)
+        half = self.ops.dtype_name(x) == "float16"
+        if self.averages and half:
+            x = half_prescaled(self.ops, x, self.size)
+        total = self.tree(x, self.comms, self.stats)
+        return total / self.size if self.averages and not half else total

@@ -7,7 +7,7 @@ every rank computes exactly what it would on its own process (collectives reduce
 order, identically on every rank), and the time a rank holds the turn outside collectives
 (their reductions included) is its own compute, uncontended
 (``SimulatedRanks.compute_seconds``). :class:`SimulatedComm` is
-:class:`gs_horovod.collectives.Collectives` for the engine (``allreduce`` averages; torch or
+:class:`~gs_horovod.transports.protocol.Collectives` for the engine (``allreduce`` averages; torch or
 TensorFlow arrays) and the baselines (torch tensors) alike.
 """
 
@@ -57,7 +57,7 @@ class SimulatedRanks:
         self._turn = (rank + 1) % self.size
         self._cv.notify_all()
 
-    def exchange(self, rank: int, x: Any) -> list[Any]:
+    def deposit(self, rank: int, x: Any) -> list[Any]:
         """Deposits rank's x; returns every rank's x in rank order once all have deposited."""
         with self._cv:
             self._slots[rank] = x
@@ -124,7 +124,7 @@ class SimulatedComm:
     def _all(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
         self.group.compute_seconds[self.rank] += time.perf_counter() - self.started
         self.names.append(name)
-        return self.group.exchange(self.rank, x.clone())
+        return self.group.deposit(self.rank, x.clone())
 
     def _resume(self, result: Any) -> Any:
         self.started = time.perf_counter()
@@ -177,7 +177,7 @@ class SimulatedComm:
         sizes, _ = _as_torch(splits)
         self.group.compute_seconds[self.rank] += time.perf_counter() - self.started
         self.names.append(name)
-        deposited = self.group.exchange(self.rank, (t.clone(), sizes.to("cpu", torch.int64).clone()))
+        deposited = self.group.deposit(self.rank, (t.clone(), sizes.to("cpu", torch.int64).clone()))
         table = torch.stack([s for _, s in deposited])  # [sender, receiver]: elements
         own = table.diagonal()
         load = (table.sum(1) - own + table.sum(0) - own) * t.element_size()
@@ -191,31 +191,8 @@ class SimulatedComm:
         self.traffic.add("broadcast", x.numel() * x.element_size())
         return self._resume(self._all(x, name)[0])
 
+    def from_host(self, x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(x)
 
-class EngineExchange:
-    """gs-SGD's engine as a baseline-style exchange (``exchange(named, comm)`` → updates), for
-    :class:`gs_horovod.baselines.ExchangeOptimizer` on a :class:`SimulatedComm`: one
-    :class:`gs_horovod.state.GsState` on ``comm`` with GsSketch's ``options``."""
-
-    def __init__(self, comm: SimulatedComm, **options: Any) -> None:
-        from .compressor import config_from
-        from .gs_sgd import GsSgd
-        from .kernels.torch_ops import TorchOps
-        from .state import CommStats, GsState
-
-        config = config_from(options)
-        self.state = GsState(GsSgd(config, TorchOps(config.backend), comm), CommStats())
-
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: SimulatedComm) -> list[torch.Tensor]:
-        out = self.state.step({n: g.detach().reshape(-1).float() for n, g in named})
-        comm.traffic.end_step()
-        return [out[n].view_as(g).to(g.dtype) for n, g in named]
-
-
-class MeanExchange:
-    """The exact mean of every gradient, one allreduce (dense data parallelism)."""
-
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: SimulatedComm) -> list[torch.Tensor]:
-        mean = comm.allreduce(torch.cat([g.detach().reshape(-1).float() for _, g in named]), "dense")
-        comm.traffic.end_step()
-        return [m.view_as(g).to(g.dtype) for m, (_, g) in zip(torch.split(mean, [g.numel() for _, g in named]), named)]
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.asarray(x)

@@ -1,37 +1,18 @@
-"""The DDP side of the method registry (:mod:`.methods`): :func:`register_hook` registers a
-method's communication hook and returns its :class:`~gs_horovod.bench.methods.Meter` (ring
-allreduce for all of them); torch's PowerSGD hook, counted as it issues its allreduces:
-
-- ``gs``: :func:`gs_horovod.ddp.gs_hook` (options: :class:`~gs_horovod.gs_sgd.GsConfig`'s);
-- ``powersgd``: torch's ``powerSGD_hook`` (options: ``PowerSGDState``'s, ``rank`` standing for
-  ``matrix_approximation_rank``; ``start_powerSGD_iter`` defaults to 2, the least torch
-  allows with error feedback): per bucket one allreduce of the uncompressed tensors, one of
-  the P factors and one of the Q factors, counted as the hook issues them;
-- ``fp16``: torch's ``fp16_compress_hook``; ``none``: DDP's built-in allreduce.
+"""torch's PowerSGD DDP hook, counted as it issues its allreduces (the ``powersgd`` method of
+:mod:`.methods` under DDP): options are ``PowerSGDState``'s, ``rank`` standing for
+``matrix_approximation_rank``; ``start_powerSGD_iter`` defaults to 2, the least torch allows
+with error feedback; per bucket one allreduce of the uncompressed tensors, one of the P
+factors and one of the Q factors.
 
 (No ``from __future__ import annotations``: DDP checks a hook's annotations as objects.)
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..wire import Collective, Traffic
-from .methods import METHODS, Meter, method
-
-DDP_METHODS = tuple(name for name, m in METHODS.items() if m.under_ddp)
-
-
-def register_hook(name: str, ddp_model: Any, module: torch.nn.Module, ratio: Optional[float] = None,
-                  **options: Any) -> Meter:
-    """Registers method ``name``'s communication hook on ``ddp_model`` (which wraps ``module``)
-    and returns the meter of its bytes. ``ratio``: gs only (None: GsSketch's default)."""
-    m = method(name)
-    if not m.under_ddp:
-        raise ValueError(f"method must be one of {DDP_METHODS} under DDP, got {name!r}")
-    m.check(ratio, options)
-    return m.ddp(ddp_model, module, ratio, options)
+from gs_horovod.transports.wire import Collective, Traffic
 
 
 def register_powersgd_hook(ddp_model: Any, **options: Any) -> Traffic:

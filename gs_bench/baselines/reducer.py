@@ -8,10 +8,10 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from ..collectives import Collectives
-from ..gs_sgd import SCOPES, count_for
-from ..kernels import torch_ops
-from ..wire import Collective
+from gs_horovod.engine import SCOPES, count_for
+from gs_horovod.kernels import torch_ops
+from gs_horovod.transports.protocol import Collectives
+from gs_horovod.transports.wire import Collective
 
 
 @dataclass(frozen=True)
@@ -23,16 +23,16 @@ class Span:
     k: int
 
 
-class Exchange:
+class Reducer:
     """A gradient exchange with error feedback, for all gradients of a step at once, written as
     its authors describe it, with gs-SGD's selection kernel (``top_abs``) and rules.
 
-    ``exchange(named, comm)`` takes [(name, grad)] in name order (every rank the same) and
+    ``reduce(named, comm)`` takes [(name, grad)] in name order (every rank the same) and
     returns the averaged updates, same shapes and dtypes. Tensors with fewer than ``min_size``
     elements are averaged exactly in one allreduce (gs-SGD's rule); the others, flattened to
     f32 and concatenated into the step's vector of D coordinates, are error-fed (a = e + g) and
-    handed to :meth:`_exchange` as spans: one span of all D (``scope="global"``, k =
-    ceil(ratio · D)) or one per tensor (``"layer"``, k = ceil(ratio · d) each). ``_exchange``
+    handed to :meth:`_reduce` as spans: one span of all D (``scope="global"``, k =
+    ceil(ratio · D)) or one per tensor (``"layer"``, k = ceil(ratio · d) each). ``_reduce``
     writes the averaged update into a zero (D,) buffer and returns what of a left this rank as
     (indices, values), then e ← a − sent in place; or it subtracts what was sent from a itself
     and returns None. No other (D,) temporary is made.
@@ -65,7 +65,7 @@ class Exchange:
         """Indices (count,) int64 ascending of the count largest |x| (the project's kernel)."""
         return torch_ops.top_abs(self.backend, x, count)
 
-    def exchange(self, named: list[tuple[str, torch.Tensor]], comm: Collectives) -> list[torch.Tensor]:
+    def reduce(self, named: list[tuple[str, torch.Tensor]], comm: Collectives) -> list[torch.Tensor]:
         big = [(n, g) for n, g in named if g.numel() >= self.min_size]
         small = [(n, g) for n, g in named if g.numel() < self.min_size]
         self.shapes = {n: tuple(g.shape) for n, g in big}
@@ -82,7 +82,7 @@ class Exchange:
                                      f"has {self.residual.numel()}")
                 a += self.residual
             update = torch.zeros_like(a)
-            sent = self._exchange([n for n, _ in big], a, self.spans([g.numel() for _, g in big]), update, comm)
+            sent = self._reduce([n for n, _ in big], a, self.spans([g.numel() for _, g in big]), update, comm)
             if sent is not None:
                 idx, vals = sent
                 a.index_add_(0, idx, vals, alpha=-1)
@@ -91,13 +91,13 @@ class Exchange:
         comm.traffic.end_step()
         return [out[n].view_as(g).to(g.dtype) for n, g in named]
 
-    def _exchange(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
+    def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> Any:
         raise NotImplementedError
 
     def planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
         """The (kind, payload bytes) collectives of one step for gradients of ``shapes``, as
-        :meth:`exchange` issues them (:mod:`gs_horovod.wire` turns them into wire bytes)."""
+        :meth:`reduce` issues them (:mod:`gs_horovod.transports.wire` turns them into wire bytes)."""
         sizes = [math.prod(s) for s in shapes]
         small = sum(d for d in sizes if d < self.min_size)
         head = [("allreduce", 4.0 * small)] if small else []
@@ -108,16 +108,16 @@ class Exchange:
         raise NotImplementedError
 
 
-class ExchangeOptimizer:
-    """Wraps an optimizer: ``step()`` first replaces every gradient by the exchange's result
+class ReducerOptimizer:
+    """Wraps an optimizer: ``step()`` first replaces every gradient by the reducer's result
     (in parameter-name order on every rank), then steps the wrapped optimizer. No overlap
     with the backward pass (Horovod's DistributedOptimizer overlaps; these baselines do not)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, Any]],
-                 exchange: Exchange, comm: Collectives) -> None:
+                 reducer: Reducer, comm: Collectives) -> None:
         self._optimizer = optimizer
         self._named = sorted(named_parameters, key=lambda t: t[0])
-        self.exchange, self.comm = exchange, comm
+        self.reducer, self.comm = reducer, comm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)
@@ -128,6 +128,6 @@ class ExchangeOptimizer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             named.append((name, p.grad))
-        for (_, p), update in zip(self._named, self.exchange.exchange(named, self.comm)):
+        for (_, p), update in zip(self._named, self.reducer.reduce(named, self.comm)):
             p.grad.copy_(update)
         return self._optimizer.step(closure)

@@ -4,7 +4,7 @@ gradient shapes alone.
 A variant is a word ``METHOD[:NAME=VALUE,...]`` with the baseline's constructor options or
 GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``, ``gs:merge=mpi``), as
 ``scripts/bench/bench_throughput.sh`` takes it. :func:`planned` gives the (kind, payload bytes)
-collectives one step issues, as each method's own code counts them; :mod:`gs_horovod.wire`
+collectives one step issues, as each method's own code counts them; :mod:`gs_horovod.transports.wire`
 turns them into wire bytes and rounds.
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 import ast
 from typing import Any, Optional
 
-from ..baselines import Exchange
-from ..gs_sgd import GsConfig
-from ..wire import Collective
+from gs_horovod.engine import GsConfig
+from gs_horovod.transports.wire import Collective
+
+from .baselines import Reducer
 from .methods import METHODS, Baseline, Gs, method
 
 
@@ -47,7 +48,7 @@ def variant_word(name: str, options: dict[str, Any]) -> str:
 
 def variant_label(name: str, options: dict[str, Any]) -> str:
     """A table label: "gTop-k (global)", "gTop-k (per tensor)", "PowerSGD r1", "gs-SGD", ...
-    (:meth:`gs_horovod.bench.methods.Method.variant_label`)."""
+    (:meth:`gs_bench.methods.Method.variant_label`)."""
     return method(name).variant_label(options)
 
 
@@ -57,13 +58,13 @@ def takes_ratio(name: str) -> bool:
     return method(name).takes_ratio
 
 
-def exchange(name: str, options: dict[str, Any], ratio: Optional[float]) -> Exchange:
-    """The baseline's :class:`~gs_horovod.baselines.Exchange` with these options (``ratio``
+def reducer(name: str, options: dict[str, Any], ratio: Optional[float]) -> Reducer:
+    """The baseline's :class:`~gs_bench.baselines.Exchange` with these options (``ratio``
     None: its default)."""
     m = method(name)
     if not isinstance(m, Baseline):
-        raise ValueError(f"{name!r} is not a baseline exchange")
-    return m.exchange(ratio, options)
+        raise ValueError(f"{name!r} is not a baseline reducer")
+    return m.reducer(ratio, options)
 
 
 def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
@@ -75,7 +76,7 @@ def planned(name: str, options: dict[str, Any], shapes: list[tuple[int, ...]], r
             ratio: Optional[float] = None) -> list[Collective]:
     """One step's (kind, payload bytes per rank) collectives for gradients of ``shapes``, from the
     sizes alone, as each method's own code counts them (:meth:`Method.planned
-    <gs_horovod.bench.methods.Method.planned>`). ``ratio`` applies to the methods that take one
+    <gs_bench.methods.Method.planned>`). ``ratio`` applies to the methods that take one
     (:func:`takes_ratio`; None: their default)."""
     m = method(name)
     return m.planned(options, shapes, ranks, ratio if m.takes_ratio else None)

@@ -1,0 +1,168 @@
+"""The options of gs-SGD (:class:`GsConfig`), validated once for every adapter, and the rule
+that turns a ratio into a count (:func:`count_for`)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from ..kernels import BACKENDS
+from ..kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS
+from .exchanges import EXCHANGES
+
+NONFINITE = ("raise", "skip")
+APPLY = ("topk", "all")
+SCOPES = ("global", "layer")
+SKETCH_DTYPES = ("float16", "float32")
+DEFAULT_RATIO = 0.01
+
+
+def count_for(ratio: float, n: int) -> int:
+    """Coordinates applied per step at ``ratio`` for a group of n: ceil(ratio · n), in [1, n]
+    (the rule of every method, gs-SGD and the baselines alike)."""
+    return min(n, max(1, math.ceil(ratio * n)))
+
+
+def check_number(name: str, value: Any, kind: type, low: float, high: float, *, low_open: bool = False) -> None:
+    """Raises TypeError / ValueError naming ``name`` unless ``value`` is a ``kind`` (int, or float:
+    any number) in [low, high] (``low_open``: (low, high])."""
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise TypeError(f"{name} must be {'a number' if kind is float else 'an int'}, got {type(value).__name__}")
+    if math.isnan(value) or value < low or value > high or (low_open and value == low):
+        left = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {left}{low}, {high}], got {value!r}")
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Raises ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class GsConfig:
+    """Options of gs-SGD, validated at construction. The sketch's default sizes (rows 3, width 2,
+    one round of k candidates, pre-filter 1, float16 sketch) and ``exchange="auto"``'s rule were
+    chosen by measured delivered mass per wire byte (``scripts/bench/bench_recovery.py``,
+    docs/design.md "Recovery" and "Exchange by P").
+
+    scope: "global" (one group of all compressed coordinates per step, k = ceil(ratio · D))
+        or "layer" (one group per tensor, k = ceil(ratio · d) each).
+    ratio: fraction of coordinates applied per step, in (0, 1]; default 0.01 unless ``k`` is given.
+    k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
+    rows: sketch rows r (odd gives a clean median).
+    width: sketch columns per row as a multiple of k, at least 1: cols = ceil(width · k).
+    candidates: m; the exchange nominates m·k coordinates and the exact round picks k of them
+        (m > 1 needs the exact round).
+    apply: "topk" applies the k largest of the m·k exact values fetched (without the exact
+        round: of the estimates); "all" applies every value delivered: all m·k exact values, or
+        without the exact round every estimate (under the allgather: the whole union of the
+        ranks' pre-filtered sets with their partial sums, which is top-k allgather). None: the
+        exchange's own (:meth:`~gs_horovod.engine.exchanges.base.Exchange.default_apply`).
+    exchange: what nominates the candidates (:data:`~gs_horovod.engine.exchanges.EXCHANGES`):
+        "sketch" (the paper's method), "allgather" (every rank's pre-filtered coordinates to
+        every rank), "sparse" (the same coordinates summed by their owners, the top-(m·k) of the
+        sums to every rank: flat in P), or "auto": the allgather while its wire bytes are at
+        most twice the sparse exchange's, else "sparse" (:meth:`~gs_horovod.engine.plan.Plan.build`).
+    prefilter: L; each rank feeds the exchange only its own top-(L·k) coordinates of a_t (0: all).
+    sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
+    seed: hash seed; must be equal on every rank.
+    exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
+        the exchange's own (True for the sketch, False for the allgather and the sparse exchange,
+        whose values are exact sums already), and True whenever m > 1.
+    warmup_steps: steps sent dense before compression starts.
+    min_size: tensors with fewer elements are sent dense, uncompressed.
+    momentum: momentum-correction factor m in [0, 1) (use with a momentum-free optimizer).
+    backend: kernels: "auto", "torch", "numba" (CPU) or "cuda" (Numba CUDA); torch only.
+    nonfinite: a NaN/Inf in a merged payload: "raise" on every rank, or "skip" the step's update;
+        either way residuals stay as before the step.
+    check_every: every N steps, compare a checksum of the selected indices across ranks and
+        raise on every rank if they differ (0: never; a debugging aid, costs a sync).
+    """
+
+    scope: str = "global"
+    ratio: Optional[float] = None
+    k: Optional[int] = None
+    rows: int = 3
+    width: float = 2.0
+    candidates: int = 1
+    apply: Optional[str] = None
+    exchange: str = "auto"
+    prefilter: int = 1
+    sketch_dtype: str = "float16"
+    seed: int = 0
+    exact: Optional[bool] = None
+    warmup_steps: int = 0
+    min_size: int = 1024
+    momentum: float = 0.0
+    backend: str = "auto"
+    nonfinite: str = "raise"
+    check_every: int = 0
+
+    def __post_init__(self) -> None:
+        check_choice("scope", self.scope, SCOPES)
+        if self.ratio is not None:
+            check_number("ratio", self.ratio, float, 0.0, 1.0, low_open=True)
+        if self.k is not None:
+            check_number("k", self.k, int, 1, 2**62)
+            if self.ratio is not None:
+                raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
+        check_number("rows", self.rows, int, 1, MAX_ROWS)
+        check_number("width", self.width, float, 1.0, float(MAX_COLS))  # fewer columns than k: no room for k
+        check_number("candidates", self.candidates, int, 1, 1024)
+        check_number("prefilter", self.prefilter, int, 0, 1024)
+        check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
+        check_number("seed", self.seed, int, 0, 2**64 - 1)
+        if self.exact is not None and not isinstance(self.exact, bool):
+            raise TypeError(f"exact must be a bool or None, got {type(self.exact).__name__}")
+        if self.candidates > 1 and self.exact is False:
+            raise ValueError(f"candidates={self.candidates} needs the exact round (exact=True)")
+        if self.apply is not None:
+            check_choice("apply", self.apply, APPLY)
+        check_choice("exchange", self.exchange, ("auto", *EXCHANGES))
+        check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
+        check_number("min_size", self.min_size, int, 1, 2**62)
+        check_number("momentum", self.momentum, float, 0.0, 1.0)
+        if self.momentum == 1.0:
+            raise ValueError("momentum must be in [0.0, 1.0), got 1.0")
+        check_choice("backend", self.backend, BACKENDS)
+        check_choice("nonfinite", self.nonfinite, NONFINITE)
+        check_number("check_every", self.check_every, int, 0, 2**62)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], extra: tuple[str, ...] = (), owner: str = "GsSketch") -> GsConfig:
+        """A validated config from keyword options; unknown names are a TypeError naming ``owner``
+        and listing the allowed ones (``extra``: adapter-level options the caller took out)."""
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - allowed)
+        if unknown:
+            raise TypeError(f"{owner} got unknown option(s) {unknown}; allowed: {sorted(allowed | set(extra))}")
+        return cls(**options)
+
+    def exact_for(self, exchange: str) -> bool:
+        """Whether the exact round runs under ``exchange`` (a name in :data:`EXCHANGES`)."""
+        if self.exact is not None:
+            return self.exact
+        return EXCHANGES[exchange].exact_by_default or self.candidates > 1
+
+    def apply_for(self, exchange: str) -> str:
+        """What is applied under ``exchange`` (a name in :data:`EXCHANGES`)."""
+        if self.apply is not None:
+            return self.apply
+        return EXCHANGES[exchange].default_apply(self.exact_for(exchange))
+
+    def k_for(self, n: int) -> int:
+        """Coordinates applied per step for a group of n coordinates."""
+        if self.k is not None:
+            return self.k
+        return count_for(DEFAULT_RATIO if self.ratio is None else self.ratio, n)
+
+    def cols_for(self, n: int) -> int:
+        """Sketch columns for a group of n coordinates."""
+        return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(n))))
+
+    def digest(self) -> int:
+        """A 62-bit digest of everything that must agree across ranks (options and hash version)."""
+        return zlib.crc32(repr((self, HASH_VERSION)).encode()) & (2**62 - 1)

@@ -1,0 +1,51 @@
+"""``exchange="allgather"``: one allgather of every rank's pre-filtered (index, value) pairs;
+every rank adds them up in rank order (the union's partial sums, the same bits everywhere).
+Its own defaults are no exact round and the whole union applied: top-k allgather. Payload:
+8 bytes a pair, L·k pairs per group; 16(P−1)·L·k bytes through a rank."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from ...array_ops import Array
+from ..payload import Payload
+from .base import Candidates, Exchange, Nominated, union_sum
+
+if TYPE_CHECKING:
+    from ..config import GsConfig
+    from ..plan import Plan
+    from ..step import GsSgd
+
+
+class Allgather(Exchange):
+    name = "allgather"
+    sends_pairs = True
+
+    def default_apply(self, exact: bool) -> str:
+        """Without the exact round the whole union is applied (top-k allgather)."""
+        return "topk" if exact else "all"
+
+    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
+        return Payload(gather=sum(8 * g.fed for g in plan.groups))
+
+    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+        """Candidates: the m·k of largest |partial sum| in the union of every rank's ``fed`` set
+        (the whole union with ``apply="all"`` and no exact round); the estimate is the partial
+        sum as ``allreduce`` reduces (mean or sum); finite: every gathered value is."""
+        ops, P = engine.ops, engine.comm.size
+        mine = ops.concat(fed)
+        n = sum(g.fed for g in plan.groups)
+        idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
+                                                                  "gs_horovod.gather"), (-1,)))
+        union, sums = union_sum(engine, idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
+        whole = plan.apply == "all" and not plan.exact
+        groups = []
+        for grp, (first, size) in zip(plan.groups, ops.spans(union, [g.start for g in plan.groups])):
+            g_union, g_sums = ops.slice(union, first, size), ops.slice(sums, first, size)
+            if not whole:
+                best = ops.top_abs(g_sums, grp.candidates)
+                g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
+            groups.append(Candidates(g_union, g_sums))
+        return Nominated(groups, ops.all_finite(vals), ops.count_of(0))

@@ -1,0 +1,74 @@
+"""The interface every exchange implements (:class:`Exchange`), what it returns
+(:class:`Nominated`), and the rank-ordered union sum the pair exchanges share."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+
+from ...array_ops import Array
+from ..payload import Payload
+
+if TYPE_CHECKING:
+    from ..config import GsConfig
+    from ..plan import Plan
+    from ..step import GsSgd
+
+
+class Candidates(NamedTuple):
+    """One group's nominated coordinates: ``idx`` (m·k,) int64 ascending (in the step's vector),
+    ``est`` (m·k,) f32 their estimates (the merged sketch's, or exact partial sums)."""
+
+    idx: Array
+    est: Array
+
+
+class Nominated(NamedTuple):
+    """What an exchange returns: ``groups``, one :class:`Candidates` per plan group; ``finite``,
+    a predicate, false when a merged payload held NaN/Inf (the same on every rank);
+    ``gathered``: the (index, value) pairs this rank put into an allgather of variable size,
+    counted by the adapters (0 where the plan fixes the bytes)."""
+
+    groups: list[Candidates]
+    finite: Any
+    gathered: Any
+
+
+class Exchange:
+    """How the ranks agree on each group's candidates from every rank's error-fed vector a.
+
+    ``name``: the ``exchange=`` option; ``sends_pairs``: it sends (int32 index, f32 value)
+    pairs of the pre-filtered sets, so every rank computes them, a group nominates at most
+    what it feeds, and a vector of 2^31 coordinates or more cannot be sent
+    (:data:`MAX_PAIR_COORDINATES`); ``exact_by_default``: whether the exact round runs unless
+    the options say otherwise."""
+
+    name: str
+    sends_pairs: bool = False
+    exact_by_default: bool = False
+
+    def default_apply(self, exact: bool) -> str:
+        """What is applied when ``apply`` is not given: the top k of the candidates."""
+        return "topk"
+
+    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
+        """This exchange's own fields of one step's :class:`Payload` (the exact round and the
+        small tensors are the plan's); ``gathered``: as :attr:`Nominated.gathered`, or None
+        for the planned bytes."""
+        raise NotImplementedError
+
+    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+        """Each group's candidates from a (D,) f32 and ``fed``, each group's pre-filtered
+        indices (L·k,) int64 in the step's vector (empty: no pre-filter, every coordinate)."""
+        raise NotImplementedError
+
+
+MAX_PAIR_COORDINATES = 2**31
+"""Exchanges that send pairs carry int32 indices: a step's vector must be shorter."""
+
+
+def union_sum(engine: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+    """(union (u,) int64 ascending, s (u,) f32): the coordinates of every rank's pairs (rank
+    r's ``counts[r]`` pairs, in rank order, each rank's indices distinct) and their sums added
+    in rank order, divided by P when the transport's ``allreduce`` averages (as it would)."""
+    union, sums = engine.ops.union_sum(idx, vals, counts)
+    return union, sums / engine.comm.size if engine.comm.averages else sums

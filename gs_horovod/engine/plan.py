@@ -1,0 +1,160 @@
+"""The plan of a step (:class:`Plan`): where each tensor sits in the step's vector, the groups
+that are compressed together, the exchange that runs them at this P (``exchange="auto"``'s
+rule), and the bytes one rank hands to collectives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..transports.wire import total_wire_bytes
+from .config import GsConfig, check_choice
+from .exchanges import EXCHANGES
+from .exchanges.base import MAX_PAIR_COORDINATES
+from .payload import Payload, collectives_of
+
+ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (merge="mpi")
+# "auto" takes the allgather while its wire bytes are at most this many times the sparse
+# exchange's: the whole union it applies delivered 1.40×, 1.80× and 2.01× the top k's mass at
+# P = 2, 4 and 8 (scripts/bench/bench_recovery.py, docs/recovery_sparse.jsonl)
+UNION_WORTH = 2.0
+
+
+@dataclass(frozen=True)
+class Group:
+    """A run of coordinates [start, start + size) of the step's vector, selected together:
+    ``k`` applied, ``cols`` sketch columns, ``fed`` coordinates each rank feeds the exchange
+    (L·k, or size without pre-filter), ``candidates`` the exchange nominates (m·k; at most L·k
+    under the exchanges that send pairs)."""
+
+    start: int
+    size: int
+    k: int
+    cols: int
+    fed: int
+    candidates: int
+
+
+def starts_of(sizes: tuple[int, ...]) -> list[int]:
+    """The offsets of pieces of ``sizes`` laid end to end."""
+    out, start = [], 0
+    for d in sizes:
+        out.append(start)
+        start += d
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where each tensor of a step sits, and the groups that are compressed.
+
+    names / sizes / offsets: the compressed tensors (sorted by name) in the step's vector of
+    ``total`` = D coordinates; dense_names / dense_sizes: the tensors below ``min_size``, sent
+    exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
+    exchange: the name of the exchange (:data:`EXCHANGES`) the config chose for ``ranks`` (P)
+    ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
+    :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.wire` kind the
+    transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
+    merge="mpi"), which prices them in :meth:`collectives` and "auto".
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    groups: tuple[Group, ...]
+    total: int
+    dense_names: tuple[str, ...] = ()
+    dense_sizes: tuple[int, ...] = ()
+    exchange: str = "sketch"
+    exact: bool = True
+    apply: str = "topk"
+    ranks: int = 1
+    allreduce_kind: str = "allreduce"
+
+    @classmethod
+    def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
+              dense_sizes: tuple[int, ...] = (), *, ranks: int, allreduce_kind: str = "allreduce") -> Plan:
+        """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
+        ``exchange="auto"`` plans the allgather and the sparse exchange, each with its exact
+        round as :meth:`GsConfig.exact_for` says, and keeps the allgather while its wire bytes at
+        P = ``ranks``, with the allreduces (threshold rounds, exact round, small tensors) priced as
+        ``allreduce_kind`` (:meth:`collectives` through :func:`total_wire_bytes`), are at most
+        :data:`UNION_WORTH` times the sparse exchange's: the rule that measured delivered mass
+        per wire byte gives (docs/design.md, "Exchange by P"). The sketch never delivered more
+        per byte than the sparse exchange, so "auto" picks it only for a vector too long for
+        int32 indices."""
+        check_choice("allreduce_kind", allreduce_kind, ALLREDUCE_KINDS)
+        offsets, total = starts_of(tuple(sizes)), sum(sizes)
+        if config.scope == "global":
+            spans = [(0, total, "all compressed tensors")] if total else []
+        else:
+            spans = list(zip(offsets, sizes, names))
+        groups = []
+        for first, size, name in spans:
+            if config.k is not None and config.k > size:
+                raise ValueError(f"k={config.k} exceeds the {size} elements of {name!r} (scope={config.scope!r}); "
+                                 "raise min_size above k or use ratio")
+            k = config.k_for(size)
+            fed = min(size, config.prefilter * k) if config.prefilter else size
+            groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
+
+        def planned(exchange: str) -> Plan:
+            chosen = groups
+            if EXCHANGES[exchange].sends_pairs:
+                if total >= MAX_PAIR_COORDINATES:
+                    raise ValueError(f"exchange={exchange!r} sends int32 indices: {total} coordinates is too many")
+                chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
+            return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
+                       tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
+                       allreduce_kind)
+
+        if config.exchange != "auto":
+            return planned(config.exchange)
+        if total >= MAX_PAIR_COORDINATES:
+            return planned("sketch")
+        gather, sparse = planned("allgather"), planned("sparse")
+        wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}
+        return gather if wire["allgather"] <= UNION_WORTH * wire["sparse"] else sparse
+
+    @classmethod
+    def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int,
+              allreduce_kind: str = "allreduce") -> Plan:
+        """The plan of tensors given as (name, elements) on ``ranks`` ranks whose transport runs
+        allreduces as ``allreduce_kind`` (:meth:`build`): those of at least ``min_size``
+        elements are compressed, the others sent exactly; each kind sorted by name. The one
+        place the ``min_size`` split is made."""
+        named = sorted(named)
+        big = [(n, d) for n, d in named if d >= config.min_size]
+        small = [(n, d) for n, d in named if d < config.min_size]
+        return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
+                         tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind)
+
+    @property
+    def all_names(self) -> tuple[str, ...]:
+        return self.names + self.dense_names
+
+    @property
+    def all_sizes(self) -> tuple[int, ...]:
+        return self.sizes + self.dense_sizes
+
+    @property
+    def all_offsets(self) -> tuple[int, ...]:
+        """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
+        return self.offsets + tuple(self.total + o for o in starts_of(self.dense_sizes))
+
+    def payload_bytes(self, config: GsConfig, dense: bool = False, gathered: Any = None) -> Payload:
+        """The :class:`Payload` one rank hands to collectives in one step: a compressed step (the
+        exchange's own fields, :meth:`Exchange.payload`, with the exact round and the small
+        tensors), or with ``dense`` (warm-up, or nothing to compress) everything at 4 bytes.
+        ``gathered``: the pairs the step's variable-size allgather took from this rank
+        (:class:`~gs_horovod.engine.step.StepResult`), None for the planned bytes."""
+        if dense or not self.groups:
+            return Payload(dense=(self.total + sum(self.dense_sizes)) * 4)
+        exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
+        own = EXCHANGES[self.exchange].payload(self, config, gathered)
+        return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)
+
+    def collectives(self, config: GsConfig, dense: bool = False) -> list[tuple[str, float]]:
+        """One step's (kind, payload bytes) collectives (:func:`collectives_of` of
+        :meth:`payload_bytes`, the allreduces as ``allreduce_kind``)."""
+        return collectives_of(self.payload_bytes(config, dense), self.allreduce_kind)

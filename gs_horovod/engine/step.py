@@ -1,0 +1,248 @@
+"""The gs-SGD step on one rank, written once for every framework (arrays and kernels come
+from an :class:`~gs_horovod.array_ops.ArrayOps`, collectives from a
+:class:`~gs_horovod.transports.protocol.Collectives`, the candidates from the plan's exchange,
+:mod:`gs_horovod.engine.exchanges`).
+
+A step takes the gradients g of all compressed tensors (each flattened to float32, in name
+order) and works on groups of coordinates: with ``scope="global"`` one group of all D
+coordinates (the tensors concatenated), with ``scope="layer"`` one group per tensor. For a
+group of n coordinates with k = ceil(ratio · n) (or the fixed ``k``)::
+
+    u_t   = m · u_{t-1} + g_t                (momentum correction; u = g when m = 0)
+    a_t   = e_{t-1} + u_t                    (error feedback: what was not sent before)
+    F_t   = top-(L·k) of |a_t|               (pre-filter; F_t = everything when L = 0)
+    C_t   = the exchange's m·k candidates, with estimates, the same on every rank
+    v_t   = mean over ranks of a_t[C_t]      (the exact round: ONE allreduce of all candidates)
+    I_t   = top-k of |v_t| within C_t (``apply="topk"``) or all of C_t (``apply="all"``)
+    Δ_t   = v_t[I_t] scattered into zeros
+    e_t   = a_t − a_t[I_t]   (this rank's a_t at I_t went into Δ_t); u_t[I_t] = 0 when m > 0
+
+The exchanges: the Count-Sketch of a_t on F_t merged by one allreduce (``"sketch"``, the
+paper's method), or the exact partial sums of the union of the ranks' F_t, by one allgather of
+pairs (``"allgather"``) or by their owners (``"sparse"``, flat in P). Without the exact round
+(``exact=False``, m = 1): I_t = C_t, Δ_t = the estimates, and a rank only drops the
+coordinates of I_t it fed the exchange (I_t ∩ F_t); under the allgather with ``apply="all"``,
+C_t is the whole union (so every rank drops all of F_t: top-k allgather). With the exact
+round Σ_ranks e_t + P · Δ_t = Σ_ranks a_t exactly: nothing is lost, only delayed.
+
+During the first ``warmup_steps`` steps a_t itself is averaged (dense) and e_t = 0. A merged
+payload with NaN/Inf means some rank's a_t was not finite (the pre-filter ranks NaN/Inf as the
+largest magnitudes, so they always reach the exchange): ``nonfinite="raise"`` raises on every
+rank naming the tensors, ``"skip"`` returns zero updates; either way nothing is committed.
+
+The step is functional: it returns the new state and the adapter stores it, so TensorFlow can
+run it as graph code (``ops.cond`` is ``tf.cond`` there and a plain ``if`` in torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+from ..array_ops import Array, ArrayOps
+from ..kernels.hashing import HASH_VERSION, hash_keys
+from ..transports.protocol import Collectives
+from .config import GsConfig
+from .exchanges import EXCHANGES
+from .exchanges.base import Nominated
+from .plan import Plan, starts_of
+
+
+class StepResult(NamedTuple):
+    """What one step returns: ``update`` (D + dense,) f32, every tensor's update in
+    ``plan.all_names`` order at ``plan.all_offsets``; the state to store: ``residual`` (D,)
+    f32, ``momentum`` (D,) f32 (None when m = 0) and ``steps``; ``applied``, a predicate, false
+    when ``nonfinite="skip"`` dropped the step; ``gathered``: the (index, value) pairs this rank
+    put into the sparse exchange's allgather (0 otherwise).
+    Under TensorFlow every tensor here carries a control dependency on the step's checks
+    (options, NaN/Inf, selections)."""
+
+    update: Array
+    residual: Array
+    momentum: Optional[Array]
+    steps: Any
+    applied: Any
+    gathered: Any = 0
+
+
+class Prior(NamedTuple):
+    """The state before the step (kept as it is when ``nonfinite="skip"`` drops the step):
+    residual e (D,) f32, momentum (D,) f32 or None, steps done."""
+
+    residual: Array
+    momentum: Optional[Array]
+    steps: Any
+
+
+class Accumulated(NamedTuple):
+    """This step's vectors: ``a`` = e + u (D,) f32 (None without compressed tensors), ``u`` the
+    momentum-corrected gradient (D,) f32 (None when m = 0), ``dense`` the tensors sent exactly,
+    concatenated (n,) f32 (None without any)."""
+
+    a: Optional[Array]
+    u: Optional[Array]
+    dense: Optional[Array]
+
+
+class Selection(NamedTuple):
+    """What a compressed step applies: ``idx`` (n,) int64 in the step's vector, ``values`` (n,)
+    f32 (the exact means, or the estimates), ``sent`` (n,) f32 what this rank's a gave to them,
+    ``dense_mean`` the small tensors' mean (or None), and whether every merged payload was finite."""
+
+    idx: Array
+    values: Array
+    sent: Array
+    dense_mean: Optional[Array]
+    finite: Any
+
+
+class GsSgd:
+    """gs-SGD for one optimizer on one rank: config, array ops and collectives; stateless
+    itself (:class:`gs_horovod.engine.state.EngineState`, or TF's variables, keep what a step
+    returns)."""
+
+    def __init__(self, config: GsConfig, ops: ArrayOps, comm: Collectives) -> None:
+        self.config, self.ops, self.comm = config, ops, comm
+        self.keys = hash_keys(config.seed)
+
+    def step(self, plan: Plan, grads: list[Array], residual: Array, momentum: Optional[Array], steps: Any,
+             check_options: Any, dense: list[Array] = ()) -> StepResult:
+        """One step of every tensor of ``plan``: ``grads`` (d_i,) f32 of the compressed tensors
+        in its order, their ``residual`` e (D,) f32 and ``momentum`` (D,) f32 (None when m = 0),
+        and ``dense`` (d_j,) f32, the tensors sent exactly. ``steps``: steps done so far (int or
+        scalar tensor); ``check_options``: a predicate, true at an optimizer's first step, to
+        compare the options' digest across ranks first. a = e + u is the one (D,) buffer the
+        step writes: it becomes the new residual in place."""
+        cfg, ops = self.config, self.ops
+        checks = [ops.when(check_options, self._check_options)]
+        a = u = None
+        if plan.names:
+            if cfg.momentum:
+                u = ops.add_parts(momentum * cfg.momentum, grads)
+                a = residual + u
+            else:
+                a = ops.add_parts(residual, grads)
+        acc = Accumulated(a, u, ops.concat(list(dense)) if plan.dense_names else None)
+        prior = Prior(residual, momentum, steps)
+        if not plan.groups:
+            return self._dense(plan, acc, prior, checks)
+        if cfg.warmup_steps:
+            return ops.cond(steps < cfg.warmup_steps, lambda: self._dense(plan, acc, prior, checks),
+                            lambda: self._compressed(plan, acc, prior, checks))
+        return self._compressed(plan, acc, prior, checks)
+
+    def _check_options(self) -> Any:
+        same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
+        return self.ops.fail_unless(same, ValueError, lambda: [
+            "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
+            f"this rank has {self.config} with hash version {HASH_VERSION}"])
+
+    def _dense(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
+        """Warm-up (and steps with nothing to compress): everything averaged as it is; residual
+        and momentum restart at zero."""
+        ops = self.ops
+        full = ops.concat([x for x in (acc.a, acc.dense) if x is not None])
+        mean = self.comm.allreduce(full, "gs_horovod.dense")
+        finite = ops.all_finite(mean)
+        checks = [*checks, self._fail_unless_finite(plan, finite, acc, prior.steps)]
+        zeros = ops.zeros((plan.total,), full)
+        applied = StepResult(mean, zeros, ops.zeros((plan.total,), full) if self.config.momentum else None,
+                             prior.steps + 1, finite, ops.count_of(0))
+        return self._finish(plan, applied, prior, checks)
+
+    def _compressed(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
+        cfg, ops = self.config, self.ops
+        exchange = EXCHANGES[plan.exchange]
+        fed = [ops.top_abs(ops.slice(acc.a, g.start, g.size), g.fed) + g.start for g in plan.groups] \
+            if cfg.prefilter or exchange.sends_pairs else []
+        nominated = exchange.nominate(self, plan, acc.a, fed)
+        checks = [*checks, self._fail_unless_finite(plan, nominated.finite, acc, prior.steps)]
+        if plan.exact:
+            chosen = self._exact_round(plan, acc, nominated, checks, prior.steps)
+        else:
+            chosen = self._estimated(plan, acc, nominated, fed, checks, prior.steps)
+        if cfg.check_every:
+            checks.append(ops.when(prior.steps % cfg.check_every == 0,
+                                   lambda: self._check_selection(chosen.idx, prior.steps)))
+        new_momentum = ops.scatter_sub(acc.u, chosen.idx, ops.take(acc.u, chosen.idx)) if cfg.momentum else None
+        new_residual = ops.scatter_sub(acc.a, chosen.idx, chosen.sent)
+        update = ops.scatter(plan.total, chosen.idx, chosen.values, acc.a, chosen.dense_mean)
+        applied = StepResult(update, new_residual, new_momentum, prior.steps + 1, chosen.finite, nominated.gathered)
+        return self._finish(plan, applied, prior, checks)
+
+    def _exact_round(self, plan: Plan, acc: Accumulated, nominated: Nominated, checks: list[Any],
+                     steps: Any) -> Selection:
+        """One allreduce of a at every group's candidates (and of the small tensors); applies all
+        of them (``apply="all"``) or each group's top k of the exact means."""
+        ops = self.ops
+        cand = ops.concat([c.idx for c in nominated.groups])
+        ncand = sum(grp.candidates for grp in plan.groups)
+        local = ops.take(acc.a, cand) if acc.dense is None else ops.concat([ops.take(acc.a, cand), acc.dense])
+        reduced = self.comm.allreduce(local, "gs_horovod.exact")
+        exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, sum(plan.dense_sizes))
+        finite = ops.logical_and(nominated.finite, ops.all_finite(reduced))
+        checks.append(self._fail_unless_finite(plan, finite, acc, steps))
+        if plan.apply == "all":
+            sel, values = cand, exact
+        else:
+            chosen, kept, first = [], [], 0
+            for grp in plan.groups:
+                vals = ops.slice(exact, first, grp.candidates)
+                best = ops.top_abs(vals, grp.k)
+                chosen.append(ops.take(ops.slice(cand, first, grp.candidates), best))
+                kept.append(ops.take(vals, best))
+                first += grp.candidates
+            sel, values = ops.concat(chosen), ops.concat(kept)
+        return Selection(sel, values, ops.take(acc.a, sel), dense_mean, finite)
+
+    def _estimated(self, plan: Plan, acc: Accumulated, nominated: Nominated, fed: list[Array], checks: list[Any],
+                   steps: Any) -> Selection:
+        """No exact round: the candidates' estimates are applied; a rank gave only the
+        coordinates it fed; the small tensors are averaged by an allreduce of their own."""
+        ops = self.ops
+        sel = ops.concat([c.idx for c in nominated.groups])
+        values = ops.concat([c.est for c in nominated.groups])
+        sent = ops.take(acc.a, sel)
+        if fed:
+            sent = ops.where(ops.isin_sorted(sel, ops.concat(fed)), sent, ops.zeros_like(sent))
+        finite, dense_mean = nominated.finite, None
+        if acc.dense is not None:
+            dense_mean = self.comm.allreduce(acc.dense, "gs_horovod.dense")
+            finite = ops.logical_and(finite, ops.all_finite(dense_mean))
+            checks.append(self._fail_unless_finite(plan, finite, acc, steps))
+        return Selection(sel, values, sent, dense_mean, finite)
+
+    def _finish(self, plan: Plan, applied: StepResult, prior: Prior, checks: list[Any]) -> StepResult:
+        """``applied`` after ``checks``; under nonfinite="skip" a non-finite step keeps the prior
+        state and returns a zero update (on every rank alike: the merged payloads are the same
+        everywhere)."""
+        ops = self.ops
+        if self.config.nonfinite == "skip":
+            zeros = ops.zeros((plan.total + sum(plan.dense_sizes),), applied.update)
+            skipped = StepResult(zeros, prior.residual, prior.momentum, prior.steps, applied.applied, applied.gathered)
+            applied = ops.cond(applied.applied, lambda: applied, lambda: skipped)
+        return ops.after(checks, applied)
+
+    def _fail_unless_finite(self, plan: Plan, finite: Any, acc: Accumulated, steps: Any) -> Any:
+        """Under nonfinite="raise", fails on every rank (the merged payload is the same
+        everywhere) naming the tensors whose a_t is NaN/Inf on some rank; one small allreduce,
+        on the error path only."""
+        ops = self.ops
+        if self.config.nonfinite != "raise":
+            return ops.when(False, lambda: None)
+
+        def message() -> list[Any]:
+            parts = [(acc.a, o, d) for o, d in zip(plan.offsets, plan.sizes)]
+            parts += [(acc.dense, o, d) for o, d in zip(starts_of(plan.dense_sizes), plan.dense_sizes)]
+            flags = [ops.not_finite(ops.slice(x, o, d)) for x, o, d in parts]
+            anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
+            return ["GsSketch: the gradient of ", ops.join_names(plan.all_names, anywhere),
+                    " is NaN or infinite on at least one rank at step ", steps,
+                    "; residuals are left as before the step. GsSketch(nonfinite='skip') skips such steps instead."]
+
+        return ops.fail_unless(finite, FloatingPointError, message)
+
+    def _check_selection(self, sel: Array, steps: Any) -> Any:
+        same = self.comm.same_on_every_rank(self.ops.checksum(sel), "gs_horovod.selections")
+        return self.ops.fail_unless(same, RuntimeError, lambda: [
+            "GsSketch: ranks selected different coordinates at step ", steps,
+            " (checked because check_every is set); their models are diverging"])

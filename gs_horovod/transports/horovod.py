@@ -1,0 +1,70 @@
+"""Horovod as a transport: :class:`HorovodCollectives` over ``horovod.torch`` or
+``horovod.tensorflow`` (blocking calls in torch, graph ops in TF)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from ..array_ops import Array, ArrayOps
+from .protocol import count, half_prescaled
+from .wire import Traffic
+
+
+def op_name(name: str) -> str:
+    """A collective's name as Horovod's TF ops accept it (letters, digits, ``_`` and ``.``)."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", name)
+
+
+class HorovodCollectives:
+    """:class:`~gs_horovod.transports.protocol.Collectives` over Horovod (``hvd``: horovod.torch
+    or horovod.tensorflow) on ``process_set``: ``allreduce`` with ``op`` (Average or Sum),
+    allgather (any length per rank), alltoall with splits, broadcast from rank 0. ``traffic``:
+    where torch calls are counted (the baselines' meter); None for GsSketch, whose ``stats``
+    count its steps (under TF in graph counters)."""
+
+    allreduce_kind = "allreduce"  # Horovod's ring
+
+    def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
+        self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic
+        self.rank, self.size, self.averages = process_set.rank(), process_set.size(), op == hvd.Average
+
+    def allreduce(self, x: Array, name: str) -> Array:
+        hvd = self.hvd
+        count(self.traffic, "allreduce", x)
+        if self.averages and self.ops.dtype_name(x) == "float16":
+            x, op = half_prescaled(self.ops, x, self.size), hvd.Sum
+        else:
+            op = self.op
+        return hvd.allreduce(x, op=op, name=op_name(name), process_set=self.process_set)
+
+    def same_on_every_rank(self, value: Any, name: str) -> Any:
+        both = self.hvd.allreduce(self.ops.plus_minus(value), op=self.hvd.Min, name=op_name(name),
+                                  process_set=self.process_set)
+        return self.ops.equal(both[0], -both[1])
+
+    def allreduce_sum(self, x: Array, name: str) -> Array:
+        count(self.traffic, "allreduce", x)
+        return self.hvd.allreduce(x, op=self.hvd.Sum, name=op_name(name), process_set=self.process_set)
+
+    def allgather(self, x: Array, name: str) -> Array:
+        count(self.traffic, "allgather", x)
+        return self.hvd.allgather(x, name=op_name(name), process_set=self.process_set)
+
+    def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
+        count(self.traffic, kind, x)
+        received, got = self.hvd.alltoall(x, splits=self.ops.host_int32(splits), name=op_name(name),
+                                          process_set=self.process_set)
+        return received, self.ops.reshape(got, (self.size,))
+
+    def broadcast(self, x: Array, name: str) -> Array:
+        count(self.traffic, "broadcast", x)
+        return self.hvd.broadcast(x, root_rank=0, name=op_name(name), process_set=self.process_set)
+
+    def from_host(self, x: np.ndarray) -> Array:
+        return self.ops.from_numpy(x)
+
+    def to_host(self, x: Array) -> np.ndarray:
+        return np.asarray(x.numpy())
