@@ -260,7 +260,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 s.residual.assign(part)
             for s, part in zip(states, tf.split(result.momentum, list(plan.sizes)) if cfg.momentum else []):
                 s.momentum.assign(part)
-        self._counters.add(CommStats.amounts(plan, cfg, warm, tf.cast(result.applied, tf.int64), result.gathered,
+        self._counters.add(CommStats.amounts(plan, cfg, warm, tf.cast(result.applied, tf.int64),
+                                             (result.routed, result.gathered),
                                              where=lambda c, w, x: tf.where(c, tf.cast(w, tf.int64),
                                                                             tf.cast(x, tf.int64))))
         return {id(named[n]): _Ctx(step, o, named[n].shape, named[n].dtype)

@@ -59,10 +59,31 @@ def test_bytes_counted_are_the_bytes_handed_to_collectives(ranks, case):
     assert K <= gathered <= K * len(ranks)
 
 
-@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch"])
+@pytest.mark.parametrize("case", CASES)
+def test_compact_wire_is_the_top_k_of_the_rounded_sums_bitwise(ranks, case):
+    # wire="compact": each rank's values rounded to bfloat16, the owners' means rounded before
+    # the threshold: the NumPy recomputation of exactly that, bit for bit
+    for r in ranks:
+        assert r[f"compact_{case}_equals_reference"], f"rank {ranks.index(r)} of {len(ranks)}"
+        assert r[f"compact_{case}_nonzeros"] == K
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compact_bytes_counted_are_the_encoded_bytes_handed_over(ranks, case):
+    for r in ranks:
+        counted, stats = r[f"compact_{case}_counted"], r[f"compact_{case}_stats"]
+        # under half of 8 bytes a pair, plus each message's 4-byte count
+        assert counted["alltoall"] == stats["alltoall_bytes"] < 4 * K + 4 * len(ranks)
+        assert counted["gather"] == stats["gather_bytes"]
+        assert counted["select"] == stats["select_bytes"] == 2 * 256 * 4
+    fp32 = sum(r[f"{case}_counted"]["gather"] for r in ranks)
+    assert sum(r[f"compact_{case}_counted"]["gather"] for r in ranks) < fp32 / 2 + 4 * len(ranks)
+
+
+@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch", "compact_sparse", "compact_allgather"])
 def test_residuals_keep_what_was_not_applied(ranks, exchange):
     for r in ranks:
-        assert r[f"{exchange}_exchange"] == exchange
+        assert r[f"{exchange}_exchange"] == exchange.removeprefix("compact_")
         assert r[f"{exchange}_conservation_max_abs"] <= 1e-5
         assert r[f"{exchange}_digest"] == ranks[0][f"{exchange}_digest"]
 
@@ -76,10 +97,11 @@ def test_resume_from_saved_state_is_bitwise(ranks):
     assert all(r["resume_bitwise"] for r in ranks)
 
 
-def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
+@pytest.mark.parametrize("wire", ["", "compact_"])
+def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, wire):
     for r in ranks:
-        assert "'b.weight' is NaN or infinite on at least one rank" in r["nan_error"]
-        assert r["nan_residual_kept"]
+        assert "'b.weight' is NaN or infinite on at least one rank" in r[f"{wire}nan_error"]
+        assert r[f"{wire}nan_residual_kept"]
 
 
 def test_options_that_differ_across_ranks_raise_on_every_rank(ranks):

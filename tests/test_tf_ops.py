@@ -41,7 +41,7 @@ def gradients(case: str, rank: int, step: int) -> tuple[list[np.ndarray], np.nda
 
 def run(ops, to, P: int, cfg: GsConfig, case: str) -> list[list[tuple[np.ndarray, np.ndarray, int]]]:
     """STEPS engine steps of P simulated ranks with ``ops``: per rank, per step, (update,
-    residual, pairs gathered) as numpy."""
+    residual, bytes allgathered) as numpy."""
     plan = Plan.build(list(SIZES), list(SIZES.values()), cfg, ("c.bias",), (SMALL,), ranks=P)
     assert plan.exchange == cfg.exchange
     group = SimulatedRanks(P)
@@ -69,10 +69,12 @@ def bits(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("case", ["random", "ties", "one_region"])
 @pytest.mark.parametrize("scope", ["global", "layer"])
 @pytest.mark.parametrize("P", [3, 4])
-def test_tf_sparse_exchange_equals_torch_bitwise(P, scope, case):
+@pytest.mark.parametrize("wire", ["fp32", "compact"])
+def test_tf_sparse_exchange_equals_torch_bitwise(wire, P, scope, case):
     # ties: magnitudes 1 and 2 only (the threshold's bin is all ties, broken by lower index);
-    # one_region: every heavy coordinate in the first 200 of a.weight
-    cfg = GsConfig(scope=scope, ratio=0.01, exchange="sparse", backend="torch")
+    # one_region: every heavy coordinate in the first 200 of a.weight; compact: TF encodes by
+    # the NumPy reference, torch by its own kernels: the same bytes, the same step
+    cfg = GsConfig(scope=scope, ratio=0.01, exchange="sparse", wire=wire, backend="torch")
     torch_runs = run(TorchOps("torch"), torch.from_numpy, P, cfg, case)
     tf_runs = run(TfOps(), tf.constant, P, cfg, case)
     k = sum(cfg.k_for(d) for d in SIZES.values()) if scope == "layer" else cfg.k_for(sum(SIZES.values()))
@@ -82,10 +84,21 @@ def test_tf_sparse_exchange_equals_torch_bitwise(P, scope, case):
             (u_torch, e_torch, g_torch), (u_tf, e_tf, g_tf) = torch_runs[r][t], tf_runs[r][t]
             assert np.array_equal(bits(u_tf), bits(u_torch)), f"update, rank {r}, step {t}"
             assert np.array_equal(bits(e_tf), bits(e_torch)), f"residual, rank {r}, step {t}"
-            assert g_tf == g_torch, f"pairs gathered, rank {r}, step {t}"
+            assert g_tf == g_torch, f"bytes allgathered, rank {r}, step {t}"
             assert np.count_nonzero(u_tf[:D]) == k
             # every rank applies the same update
             assert np.array_equal(bits(u_tf), bits(tf_runs[0][t][0]))
+
+
+@pytest.mark.parametrize("apply", ["topk", "all"])
+def test_tf_compact_allgather_equals_torch_bitwise(apply):
+    cfg = GsConfig(ratio=0.01, exchange="allgather", apply=apply, wire="compact", backend="torch")
+    torch_runs, tf_runs = run(TorchOps("torch"), torch.from_numpy, 3, cfg, "random"), run(TfOps(), tf.constant, 3,
+                                                                                          cfg, "random")
+    for r in range(3):
+        for t in range(STEPS):
+            assert np.array_equal(bits(tf_runs[r][t][0]), bits(torch_runs[r][t][0])), f"update, rank {r}, step {t}"
+            assert np.array_equal(bits(tf_runs[r][t][1]), bits(torch_runs[r][t][1])), f"residual, rank {r}, step {t}"
 
 
 @pytest.mark.parametrize("case", ["random", "ties", "one_region"])

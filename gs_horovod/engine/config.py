@@ -16,6 +16,7 @@ NONFINITE = ("raise", "skip")
 APPLY = ("topk", "all")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
+WIRES = ("fp32", "compact")
 DEFAULT_RATIO = 0.01
 
 
@@ -68,6 +69,11 @@ class GsConfig:
         most twice the sparse exchange's, else "sparse" (:meth:`~gs_horovod.engine.plan.Plan.build`).
     prefilter: L; each rank feeds the exchange only its own top-(L·k) coordinates of a_t (0: all).
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
+    wire: how the exchanges that send (index, value) pairs encode them: "fp32" (an int32 index
+        and a float32 value, 8 bytes a pair; a vector of fewer than 2^31 coordinates) or
+        "compact" (Elias–Fano indices and bfloat16 values, :mod:`gs_horovod.kernels.pair_format`:
+        about 3.5 bytes a pair at k = D/1000, any vector length; what rounding takes from a
+        rank's value stays in its residual, and an owner keeps what rounding its sum lost).
     seed: hash seed; must be equal on every rank.
     exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
         the exchange's own (True for the sketch, False for the allgather and the sparse exchange,
@@ -92,6 +98,7 @@ class GsConfig:
     exchange: str = "auto"
     prefilter: int = 1
     sketch_dtype: str = "float16"
+    wire: str = "fp32"
     seed: int = 0
     exact: Optional[bool] = None
     warmup_steps: int = 0
@@ -114,6 +121,7 @@ class GsConfig:
         check_number("candidates", self.candidates, int, 1, 1024)
         check_number("prefilter", self.prefilter, int, 0, 1024)
         check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
+        check_choice("wire", self.wire, WIRES)
         check_number("seed", self.seed, int, 0, 2**64 - 1)
         if self.exact is not None and not isinstance(self.exact, bool):
             raise TypeError(f"exact must be a bool or None, got {type(self.exact).__name__}")

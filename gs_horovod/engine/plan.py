@@ -82,7 +82,7 @@ class Plan:
         :data:`UNION_WORTH` times the sparse exchange's: the rule that measured delivered mass
         per wire byte gives (docs/design.md, "Exchange by P"). The sketch never delivered more
         per byte than the sparse exchange, so "auto" picks it only for a vector too long for
-        int32 indices."""
+        the int32 indices of ``wire="fp32"``."""
         check_choice("allreduce_kind", allreduce_kind, ALLREDUCE_KINDS)
         offsets, total = starts_of(tuple(sizes)), sum(sizes)
         if config.scope == "global":
@@ -101,8 +101,9 @@ class Plan:
         def planned(exchange: str) -> Plan:
             chosen = groups
             if EXCHANGES[exchange].sends_pairs:
-                if total >= MAX_PAIR_COORDINATES:
-                    raise ValueError(f"exchange={exchange!r} sends int32 indices: {total} coordinates is too many")
+                if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
+                    raise ValueError(f"exchange={exchange!r} with wire='fp32' sends int32 indices: {total} "
+                                     "coordinates is too many (wire='compact' has no limit)")
                 chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
@@ -110,7 +111,7 @@ class Plan:
 
         if config.exchange != "auto":
             return planned(config.exchange)
-        if total >= MAX_PAIR_COORDINATES:
+        if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
             return planned("sketch")
         gather, sparse = planned("allgather"), planned("sparse")
         wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}
@@ -142,16 +143,17 @@ class Plan:
         """Offsets of every tensor (compressed, then dense) in a step's update, (D + dense,)."""
         return self.offsets + tuple(self.total + o for o in starts_of(self.dense_sizes))
 
-    def payload_bytes(self, config: GsConfig, dense: bool = False, gathered: Any = None) -> Payload:
+    def payload_bytes(self, config: GsConfig, dense: bool = False, measured: Any = None) -> Payload:
         """The :class:`Payload` one rank hands to collectives in one step: a compressed step (the
         exchange's own fields, :meth:`Exchange.payload`, with the exact round and the small
         tensors), or with ``dense`` (warm-up, or nothing to compress) everything at 4 bytes.
-        ``gathered``: the pairs the step's variable-size allgather took from this rank
-        (:class:`~gs_horovod.engine.step.StepResult`), None for the planned bytes."""
+        ``measured``: the bytes this rank handed to the step's collectives of data-dependent
+        size, (alltoall, allgather) (:class:`~gs_horovod.engine.step.StepResult`), None for the
+        planned bytes."""
         if dense or not self.groups:
             return Payload(dense=(self.total + sum(self.dense_sizes)) * 4)
         exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
-        own = EXCHANGES[self.exchange].payload(self, config, gathered)
+        own = EXCHANGES[self.exchange].payload(self, config, measured)
         return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)
 
     def collectives(self, config: GsConfig, dense: bool = False) -> list[tuple[str, float]]:

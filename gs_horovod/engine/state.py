@@ -48,22 +48,22 @@ class CommStats:
         return Payload(*(getattr(self, f + "_bytes") / steps for f in Payload._fields))
 
     @staticmethod
-    def amounts(plan: Plan, config: GsConfig, dense: Any, applied: Any, gathered: Any = 0,
+    def amounts(plan: Plan, config: GsConfig, dense: Any, applied: Any, measured: Any = None,
                 where: Any = None) -> dict[str, Any]:
         """What one step of ``plan`` adds to each field: ``dense`` (a warm-up step), ``applied``
-        and ``gathered`` (the pairs this rank put into the sparse exchange's allgather, counted
-        instead of the plan) as bools and ints, or as graph tensors with ``where`` (``tf.where``)
-        choosing between the dense and the compressed bytes."""
-        compressed, warm = plan.payload_bytes(config, False, gathered), plan.payload_bytes(config, True)
+        and ``measured`` ((routed, gathered) bytes of a :class:`StepResult`, counted where the
+        exchange's sizes depend on the data) as bools and ints, or as graph tensors with
+        ``where`` (``tf.where``) choosing between the dense and the compressed bytes."""
+        compressed, warm = plan.payload_bytes(config, False, measured), plan.payload_bytes(config, True)
         if where is None:
             chosen = warm if dense else compressed
         else:
             chosen = [where(dense, w, c) for w, c in zip(warm, compressed)]
         return {**{f + "_bytes": n for f, n in zip(Payload._fields, chosen)}, "steps": 1, "skipped": 1 - applied}
 
-    def add(self, plan: Plan, config: GsConfig, dense: bool, applied: bool, gathered: int = 0) -> None:
+    def add(self, plan: Plan, config: GsConfig, dense: bool, applied: bool, measured: Any = None) -> None:
         """Counts one step of ``plan`` (:meth:`amounts`)."""
-        for name, n in self.amounts(plan, config, dense, int(applied), gathered).items():
+        for name, n in self.amounts(plan, config, dense, int(applied), measured).items():
             setattr(self, name, getattr(self, name) + n)
 
 
@@ -137,7 +137,7 @@ class EngineState:
         result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
                                   self.steps, not self.checked, [grads[n] for n in plan.dense_names])
         self.checked = True
-        self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), result.gathered)
+        self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), (result.routed, result.gathered))
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         ops = self.ops

@@ -51,8 +51,9 @@ class StepResult(NamedTuple):
     """What one step returns: ``update`` (D + dense,) f32, every tensor's update in
     ``plan.all_names`` order at ``plan.all_offsets``; the state to store: ``residual`` (D,)
     f32, ``momentum`` (D,) f32 (None when m = 0) and ``steps``; ``applied``, a predicate, false
-    when ``nonfinite="skip"`` dropped the step; ``gathered``: the (index, value) pairs this rank
-    put into the sparse exchange's allgather (0 otherwise).
+    when ``nonfinite="skip"`` dropped the step; ``routed`` / ``gathered``: the bytes this rank
+    handed to the exchange's alltoall / allgather where their size depends on the data (the
+    sparse exchange's; 0 otherwise).
     Under TensorFlow every tensor here carries a control dependency on the step's checks
     (options, NaN/Inf, selections)."""
 
@@ -61,6 +62,7 @@ class StepResult(NamedTuple):
     momentum: Optional[Array]
     steps: Any
     applied: Any
+    routed: Any = 0
     gathered: Any = 0
 
 
@@ -146,7 +148,7 @@ class GsSgd:
         checks = [*checks, self._fail_unless_finite(plan, finite, acc, prior.steps)]
         zeros = ops.zeros((plan.total,), full)
         applied = StepResult(mean, zeros, ops.zeros((plan.total,), full) if self.config.momentum else None,
-                             prior.steps + 1, finite, ops.count_of(0))
+                             prior.steps + 1, finite, ops.count_of(0), ops.count_of(0))
         return self._finish(plan, applied, prior, checks)
 
     def _compressed(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
@@ -166,7 +168,8 @@ class GsSgd:
         new_momentum = ops.scatter_sub(acc.u, chosen.idx, ops.take(acc.u, chosen.idx)) if cfg.momentum else None
         new_residual = ops.scatter_sub(acc.a, chosen.idx, chosen.sent)
         update = ops.scatter(plan.total, chosen.idx, chosen.values, acc.a, chosen.dense_mean)
-        applied = StepResult(update, new_residual, new_momentum, prior.steps + 1, chosen.finite, nominated.gathered)
+        applied = StepResult(update, new_residual, new_momentum, prior.steps + 1, chosen.finite, nominated.routed,
+                             nominated.gathered)
         return self._finish(plan, applied, prior, checks)
 
     def _exact_round(self, plan: Plan, acc: Accumulated, nominated: Nominated, checks: list[Any],
@@ -197,13 +200,16 @@ class GsSgd:
     def _estimated(self, plan: Plan, acc: Accumulated, nominated: Nominated, fed: list[Array], checks: list[Any],
                    steps: Any) -> Selection:
         """No exact round: the candidates' estimates are applied; a rank gave only the
-        coordinates it fed; the small tensors are averaged by an allreduce of their own."""
+        coordinates it fed (as the exchange sent them); the small tensors are averaged by an
+        allreduce of their own."""
         ops = self.ops
         sel = ops.concat([c.idx for c in nominated.groups])
         values = ops.concat([c.est for c in nominated.groups])
-        sent = ops.take(acc.a, sel)
-        if fed:
-            sent = ops.where(ops.isin_sorted(sel, ops.concat(fed)), sent, ops.zeros_like(sent))
+        sent = nominated.sent
+        if sent is None:
+            sent = ops.take(acc.a, sel)
+            if fed:
+                sent = ops.where(ops.isin_sorted(sel, ops.concat(fed)), sent, ops.zeros_like(sent))
         finite, dense_mean = nominated.finite, None
         if acc.dense is not None:
             dense_mean = self.comm.allreduce(acc.dense, "gs_horovod.dense")
@@ -218,7 +224,8 @@ class GsSgd:
         ops = self.ops
         if self.config.nonfinite == "skip":
             zeros = ops.zeros((plan.total + sum(plan.dense_sizes),), applied.update)
-            skipped = StepResult(zeros, prior.residual, prior.momentum, prior.steps, applied.applied, applied.gathered)
+            skipped = applied._replace(update=zeros, residual=prior.residual, momentum=prior.momentum,
+                                       steps=prior.steps)
             applied = ops.cond(applied.applied, lambda: applied, lambda: skipped)
         return ops.after(checks, applied)
 

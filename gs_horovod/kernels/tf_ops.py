@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from . import pair_format
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, to_int64
 
 _M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
@@ -197,6 +198,36 @@ class TfOps:
     def unpairs(self, buf: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         both = tf.reshape(buf, [-1, 2])
         return tf.cast(tf.bitcast(both[:, 0], tf.int32), tf.int64), both[:, 1]
+
+    def wire_rounded(self, vals: tf.Tensor) -> tf.Tensor:
+        return tf.ensure_shape(tf.numpy_function(pair_format.rounded, [vals], tf.float32, stateful=False), vals.shape)
+
+    def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor, universe: int) -> tf.Tensor:
+        """The NumPy reference (:mod:`.pair_format`) through ``tf.numpy_function``."""
+        out = tf.numpy_function(lambda i, v: pair_format.encode(i, v, universe), [idx, vals], tf.uint8, stateful=False)
+        return tf.ensure_shape(out, [None])
+
+    def unpack_pairs(self, buf: tf.Tensor, messages: int, n: int, universe: int) -> tuple[tf.Tensor, tf.Tensor]:
+        idx, vals = tf.numpy_function(lambda b: pair_format.decode(b, messages, n, universe), [buf],
+                                      [tf.int64, tf.float32], stateful=False)
+        return tf.ensure_shape(idx, [messages * n]), tf.ensure_shape(vals, [messages * n])
+
+    def pack_framed(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor,
+                    universe: int) -> tuple[tf.Tensor, tf.Tensor]:
+        buf, sizes = tf.numpy_function(lambda i, v, c: pair_format.encode_framed(i, v, c, universe),
+                                       [idx, vals, counts], [tf.uint8, tf.int32], stateful=False)
+        return tf.ensure_shape(buf, [None]), tf.ensure_shape(sizes, counts.shape)
+
+    def unpack_framed(self, buf: tf.Tensor, universe: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        idx, vals, counts = tf.numpy_function(lambda b: pair_format.decode_framed(b, universe), [buf],
+                                              [tf.int64, tf.float32, tf.int32], stateful=False)
+        return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [None])
+
+    def take_sorted(self, keys: tf.Tensor, vals: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
+        keys = tf.concat([keys, tf.constant([np.iinfo(np.int64).max], tf.int64)], 0)  # a sentinel: never found
+        vals = tf.concat([vals, tf.zeros([1], vals.dtype)], 0)
+        pos = tf.searchsorted(keys, x)
+        return tf.where(tf.equal(tf.gather(keys, pos), x), tf.gather(vals, pos), tf.zeros_like(x, vals.dtype))
 
     def union_sum(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         union, _ = tf.unique(tf.sort(idx))

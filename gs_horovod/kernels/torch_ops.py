@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from . import BACKENDS
+from . import BACKENDS, torch_pairs
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, first_threshold_rank, to_int64
 
 _DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -375,6 +375,29 @@ class TorchOps:
     def unpairs(self, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         both = buf.view(-1, 2)
         return both[:, 0].contiguous().view(torch.int32).long(), both[:, 1].contiguous()
+
+    def wire_rounded(self, vals: torch.Tensor) -> torch.Tensor:
+        return torch_pairs.rounded(vals)
+
+    def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, universe: int) -> torch.Tensor:
+        return torch_pairs.encode(idx, vals, universe)
+
+    def unpack_pairs(self, buf: torch.Tensor, messages: int, n: int,
+                     universe: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch_pairs.decode(buf, messages, n, universe)
+
+    def pack_framed(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
+                    universe: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch_pairs.encode_framed(idx, vals, counts, universe)
+
+    def unpack_framed(self, buf: torch.Tensor, universe: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return torch_pairs.decode_framed(buf, universe)
+
+    def take_sorted(self, keys: torch.Tensor, vals: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if not len(keys):
+            return torch.zeros(x.shape, dtype=vals.dtype, device=x.device)
+        pos = torch.searchsorted(keys, x).clamp_(max=len(keys) - 1)
+        return torch.where(keys[pos] == x, vals[pos], torch.zeros((), dtype=vals.dtype, device=vals.device))
 
     def union_sum(self, idx: torch.Tensor, vals: torch.Tensor,
                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -299,12 +299,12 @@ class MpiCollectives(HorovodCollectives):
 
     def allgather(self, x: Array, name: str) -> Array:
         count(self.traffic, "allgather", x)
-        return self.numpy_call(lambda buf: (allgatherv(buf, self.comms.comm),), [x], ["float32"])[0]
+        return self.numpy_call(lambda buf: (allgatherv(buf, self.comms.comm),), [x], [self.ops.dtype_name(x)])[0]
 
     def alltoall(self, x: Array, splits: Array, name: str, kind: str = "alltoall") -> tuple[Array, Array]:
         count(self.traffic, kind, x)
         received, got = self.numpy_call(lambda buf, counts: alltoallv(buf, counts, self.comms.comm), [x, splits],
-                                        ["float32", "int32"])
+                                        [self.ops.dtype_name(x), "int32"])
         return received, self.ops.reshape(got, (self.size,))
 
     def allreduce(self, x: Array, name: str) -> Array:

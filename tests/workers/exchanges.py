@@ -21,6 +21,7 @@ import torch
 from rank_result import write_result
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
+from gs_horovod.kernels.pair_format import rounded
 from gs_horovod.kernels.torch_ops import TorchOps
 
 SIZES = {"a.weight": 3000, "b.weight": 1500, "c.bias": 10}  # c.bias is below min_size: sent exactly
@@ -99,18 +100,21 @@ def top(x: np.ndarray, count: int) -> np.ndarray:
     return np.sort(order[:count])
 
 
-def reference(a: np.ndarray, k: int, small: np.ndarray) -> np.ndarray:
+def reference(a: np.ndarray, k: int, small: np.ndarray, compact: bool = False) -> np.ndarray:
     """The step from zero residuals in NumPy: every rank's top-k of a_r (P, D) f32, their union's
     sums added in rank order in f32 and divided by P, the top k of those; then the exact mean
-    of the small tensors (P, d)."""
+    of the small tensors (P, d). ``compact``: what ``wire="compact"`` computes: each rank's
+    values rounded to bfloat16 before the sums, and the means rounded before the top k."""
     P, D = a.shape
     sums, fed = np.zeros(D, np.float32), np.zeros(D, bool)
     for r in range(P):
         mine = top(a[r], k)
-        sums[mine] = sums[mine] + a[r, mine]
+        sums[mine] = sums[mine] + (rounded(a[r, mine]) if compact else a[r, mine])
         fed[mine] = True
     union = np.flatnonzero(fed)
     means = sums[union] / np.float32(P)
+    if compact:
+        means = rounded(means)
     update = np.zeros(D, np.float32)
     best = top(means, k)
     update[union[best]] = means[best]
@@ -171,12 +175,22 @@ def main(out_dir: str, kind: str) -> None:
         result[f"{case}_owned"] = comm.received
         result[f"{case}_counted"] = comm.sent
         result[f"{case}_stats"] = vars(st.stats)
+        # the compact wire: the same step on rounded values and rounded sums, bit for bit
+        st, comm = state(make, exchange="sparse", wire="compact")
+        got = step_of(st, grads).numpy()
+        want = reference(everyone[:, :D].numpy(), 45, everyone[:, D:].numpy(), compact=True)
+        result[f"compact_{case}_equals_reference"] = bool(np.array_equal(got[:D].view(np.int32),
+                                                                         want[:D].view(np.int32)))
+        result[f"compact_{case}_nonzeros"] = int(np.count_nonzero(got[:D]))
+        result[f"compact_{case}_counted"] = comm.sent
+        result[f"compact_{case}_stats"] = vars(st.stats)
 
     # several steps: the sparse exchange's update and residuals equal the allgather's top k (the
     # same selection, the same sums); the sketch runs on the same transport; the residuals keep
     # what was not applied: Σ_r e_r + P·ΣΔ = Σ_r Σ_t g_r,t
     runs = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {}))[0] for e in EXCHANGES}
-    applied = {e: torch.zeros(sum(SIZES.values())) for e in EXCHANGES}
+    runs.update({f"compact_{e}": state(make, exchange=e, wire="compact")[0] for e in ("sparse", "allgather")})
+    applied = {e: torch.zeros(sum(SIZES.values())) for e in runs}
     total = torch.zeros(sum(SIZES.values()))
     for t in range(4):
         grads = gradients("random", rank, P, 10 + t)
@@ -209,19 +223,20 @@ def main(out_dir: str, kind: str) -> None:
     result["resume_bitwise"] = all(torch.equal(a, b) for a, b in zip(outs_whole, outs_resumed)) and \
         torch.equal(whole.residual, first.residual)
 
-    # NaN on one rank: every rank raises naming the tensor, and nothing is committed
-    st, _ = state(make, exchange="sparse")
-    step_of(st, gradients("random", rank, P, 30))
-    before = st.residual.clone()
-    bad = gradients("random", rank, P, 31)
-    if rank == P - 1:
-        bad["b.weight"][7] = float("nan")
-    try:
-        step_of(st, bad)
-        result["nan_error"] = ""
-    except FloatingPointError as error:
-        result["nan_error"] = str(error)
-    result["nan_residual_kept"] = bool(torch.equal(before, st.residual))
+    # NaN on one rank: every rank raises naming the tensor, and nothing is committed (both wires)
+    for prefix, wire in (("", "fp32"), ("compact_", "compact")):
+        st, _ = state(make, exchange="sparse", wire=wire)
+        step_of(st, gradients("random", rank, P, 30))
+        before = st.residual.clone()
+        bad = gradients("random", rank, P, 31)
+        if rank == P - 1:
+            bad["b.weight"][7] = float("nan")
+        try:
+            step_of(st, bad)
+            result[f"{prefix}nan_error"] = ""
+        except FloatingPointError as error:
+            result[f"{prefix}nan_error"] = str(error)
+        result[f"{prefix}nan_residual_kept"] = bool(torch.equal(before, st.residual))
 
     # options that differ across ranks: every rank raises
     st, _ = state(make, exchange="sparse", **({"seed": 1} if rank == 0 else {}))

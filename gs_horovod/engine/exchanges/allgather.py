@@ -1,7 +1,8 @@
 """``exchange="allgather"``: one allgather of every rank's pre-filtered (index, value) pairs;
 every rank adds them up in rank order (the union's partial sums, the same bits everywhere).
 Its own defaults are no exact round and the whole union applied: top-k allgather. Payload:
-8 bytes a pair, L·k pairs per group; 16(P−1)·L·k bytes through a rank."""
+L·k pairs per group, 8 bytes a pair (``wire="fp32"``, 16(P−1)·L·k bytes through a rank) or one
+compact message of them (``wire="compact"``: every rank's message has the same size)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from ...array_ops import Array
+from ...kernels.pair_format import message_bytes
 from ..payload import Payload
 from .base import Candidates, Exchange, Nominated, union_sum
 
@@ -27,18 +29,26 @@ class Allgather(Exchange):
         """Without the exact round the whole union is applied (top-k allgather)."""
         return "topk" if exact else "all"
 
-    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
-        return Payload(gather=sum(8 * g.fed for g in plan.groups))
+    def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
+        fed = sum(g.fed for g in plan.groups)
+        return Payload(gather=message_bytes(fed, plan.total) if config.wire == "compact" else 8 * fed)
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the m·k of largest |partial sum| in the union of every rank's ``fed`` set
         (the whole union with ``apply="all"`` and no exact round); the estimate is the partial
-        sum as ``allreduce`` reduces (mean or sum); finite: every gathered value is."""
+        sum as ``allreduce`` reduces (mean or sum) of what the ranks sent; finite: every
+        gathered value is."""
         ops, P = engine.ops, engine.comm.size
         mine = ops.concat(fed)
         n = sum(g.fed for g in plan.groups)
-        idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
-                                                                  "gs_horovod.gather"), (-1,)))
+        if engine.config.wire == "compact":
+            own = ops.wire_rounded(ops.take(a, mine))
+            gathered = engine.comm.allgather(ops.pack_pairs(mine, own, plan.total), "gs_horovod.gather")
+            idx, vals = ops.unpack_pairs(gathered, P, n, plan.total)
+        else:
+            own = None
+            idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
+                                                                      "gs_horovod.gather"), (-1,)))
         union, sums = union_sum(engine, idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
         whole = plan.apply == "all" and not plan.exact
         groups = []
@@ -48,4 +58,5 @@ class Allgather(Exchange):
                 best = ops.top_abs(g_sums, grp.candidates)
                 g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
             groups.append(Candidates(g_union, g_sums))
-        return Nominated(groups, ops.all_finite(vals), ops.count_of(0))
+        sent = None if own is None else ops.take_sorted(mine, own, ops.concat([c.idx for c in groups]))
+        return Nominated(groups, ops.all_finite(vals), sent, ops.count_of(0), ops.count_of(0))

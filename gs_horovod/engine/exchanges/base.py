@@ -24,12 +24,16 @@ class Candidates(NamedTuple):
 
 class Nominated(NamedTuple):
     """What an exchange returns: ``groups``, one :class:`Candidates` per plan group; ``finite``,
-    a predicate, false when a merged payload held NaN/Inf (the same on every rank);
-    ``gathered``: the (index, value) pairs this rank put into an allgather of variable size,
-    counted by the adapters (0 where the plan fixes the bytes)."""
+    a predicate, false when a merged payload held NaN/Inf (the same on every rank); ``sent``:
+    what this rank gave to each candidate (m·k,) f32, the groups' candidates laid end to end,
+    when it is not simply a at the candidates it fed (the compact wire rounds what it sends),
+    else None; ``routed`` / ``gathered``: the bytes this rank handed to an alltoall / an
+    allgather of data-dependent size, counted by the adapters (0 where the plan fixes them)."""
 
     groups: list[Candidates]
     finite: Any
+    sent: Optional[Array]
+    routed: Any
     gathered: Any
 
 
@@ -50,10 +54,10 @@ class Exchange:
         """What is applied when ``apply`` is not given: the top k of the candidates."""
         return "topk"
 
-    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
+    def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
         """This exchange's own fields of one step's :class:`Payload` (the exact round and the
-        small tensors are the plan's); ``gathered``: as :attr:`Nominated.gathered`, or None
-        for the planned bytes."""
+        small tensors are the plan's); ``measured``: (:attr:`Nominated.routed`,
+        :attr:`Nominated.gathered`), or None for the planned bytes."""
         raise NotImplementedError
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
@@ -63,7 +67,7 @@ class Exchange:
 
 
 MAX_PAIR_COORDINATES = 2**31
-"""Exchanges that send pairs carry int32 indices: a step's vector must be shorter."""
+"""Exchanges that send pairs with ``wire="fp32"`` carry int32 indices: a step's vector must be shorter."""
 
 
 def union_sum(engine: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:

@@ -22,7 +22,7 @@ class Sketch(Exchange):
     name = "sketch"
     exact_by_default = True
 
-    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
+    def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
         itemsize = 2 if config.sketch_dtype == "float16" else 4
         return Payload(sketch=sum(config.rows * g.cols for g in plan.groups) * itemsize)
 
@@ -46,4 +46,4 @@ class Sketch(Exchange):
             start += cfg.rows * grp.cols
             idx, est = ops.heavy_hitters(table, engine.keys, grp.size, grp.candidates)
             groups.append(Candidates(idx + grp.start, est))
-        return Nominated(groups, ops.all_finite(merged), ops.count_of(0))
+        return Nominated(groups, ops.all_finite(merged), None, ops.count_of(0), ops.count_of(0))

@@ -13,9 +13,13 @@ bit for bit, with wire bytes flat in P.
    the best ``ties`` of all prefix-t pairs: the same m·k coordinates everywhere. A pair above
    t lies in every rank's selection, so NaN/Inf anywhere in the sums reaches every rank.
 
-Payload: 8 bytes a pair into the alltoall (L·k per group), 2 × 256 int32 bins per group, and
-this rank's share of the m·k selected pairs (planned: an even share). About 32(P−1)/P·L·k
-bytes through a rank plus 2 KB of histograms a group.
+Payload: the L·k pairs of each group into the alltoall, 2 × 256 int32 bins per group, and this
+rank's share of the m·k selected pairs (planned: an even share). With ``wire="fp32"`` 8 bytes a
+pair, about 32(P−1)/P·L·k bytes through a rank plus 2 KB of histograms a group. With
+``wire="compact"`` each destination's pairs are one framed compact message (their count and
+:mod:`~gs_horovod.kernels.pair_format`), the owners select on their sums rounded as they will
+travel, and each owner keeps in its residual what rounding took from the sums it had applied:
+P·(s − s̃) (s − s̃ when the transport sums), so nothing is lost over steps.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from ...array_ops import Array
+from ...kernels.pair_format import HEADER, message_bytes
 from ..payload import Payload
 from .base import Candidates, Exchange, Nominated, union_sum
 
@@ -41,26 +46,43 @@ class Sparse(Exchange):
     name = "sparse"
     sends_pairs = True
 
-    def payload(self, plan: Plan, config: GsConfig, gathered: Optional[Any]) -> Payload:
-        """The allgather is what this rank sent, 8 bytes for each of the ``gathered`` pairs (an
-        int or a scalar tensor), or, planned (None), an even share of 8·m·k/P bytes."""
-        fed = sum(8 * g.fed for g in plan.groups)
-        share = math.ceil(sum(8 * g.candidates for g in plan.groups) / plan.ranks) if gathered is None \
-            else 8 * gathered
-        return Payload(gather=share, alltoall=fed, select=2 * 4 * RADIX_BINS * len(plan.groups))
+    def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
+        """Measured: (routed, gathered) bytes as the step handed them over; planned (None): the
+        pairs spread evenly over the P owners, and an even share of the m·k selected."""
+        fed, chosen, P = sum(g.fed for g in plan.groups), sum(g.candidates for g in plan.groups), plan.ranks
+        select = 2 * 4 * RADIX_BINS * len(plan.groups)
+        if measured is not None:
+            routed, gathered = measured
+        elif config.wire == "compact":
+            routed = P * (HEADER + message_bytes(math.ceil(fed / P), plan.total))
+            gathered = HEADER + message_bytes(math.ceil(chosen / P), plan.total)
+        else:
+            routed, gathered = 8 * fed, math.ceil(8 * chosen / P)
+        return Payload(gather=gathered, alltoall=routed, select=select)
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
-        they are; gathered: the pairs this rank allgathered. Nothing here depends on which rank
-        owns what: the sums are the allgather exchange's, bit for bit."""
-        ops, comm = engine.ops, engine.comm
+        they are; routed / gathered: the bytes of this rank's alltoall and allgather. Nothing
+        here depends on which rank owns what: the sums are the allgather exchange's, bit for bit
+        (with the compact wire: of the same rounded values)."""
+        ops, comm, compact = engine.ops, engine.comm, engine.config.wire == "compact"
         mine = ops.concat(fed)
+        own = ops.wire_rounded(ops.take(a, mine)) if compact else ops.take(a, mine)
         owner = ops.owner_of(mine, comm.size, engine.keys)
-        routed = ops.take(mine, ops.stable_order(owner))  # by owner; ascending within each
-        splits = ops.count(owner, comm.size) * 2  # two floats a pair
-        received, got = comm.alltoall(ops.pairs(routed, ops.take(a, routed)), splits, "gs_horovod.sparse")
-        idx, vals = ops.unpairs(received)
-        union, sums = union_sum(engine, idx, vals, got // 2)
+        order = ops.stable_order(owner)  # by owner; ascending within each
+        routed, routed_vals = ops.take(mine, order), ops.take(own, order)
+        if compact:
+            message, splits = ops.pack_framed(routed, routed_vals, ops.count(owner, comm.size), plan.total)
+            received, _ = comm.alltoall(message, splits, "gs_horovod.sparse")
+            idx, vals, counts = ops.unpack_framed(received, plan.total)
+            routed_bytes = ops.size_of(message)
+        else:
+            received, got = comm.alltoall(ops.pairs(routed, routed_vals), ops.count(owner, comm.size) * 2,
+                                          "gs_horovod.sparse")  # two floats a pair
+            (idx, vals), counts = ops.unpairs(received), got // 2
+            routed_bytes = 8 * ops.size_of(mine)
+        union, exact_sums = union_sum(engine, idx, vals, counts)
+        sums = ops.wire_rounded(exact_sums) if compact else exact_sums  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.candidates for g in plan.groups], np.int32), union)
         groups = len(plan.groups)
@@ -76,10 +98,17 @@ class Sparse(Exchange):
                                "gs_horovod.select.low"), wanted - above)
         prefix, ties = cut_high * RADIX_BINS + cut_low, wanted - above - above_low
         keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
-        chosen = ops.take(union, keep)
-        gathered = ops.reshape(comm.allgather(ops.pairs(chosen, ops.take(sums, keep)), "gs_horovod.sparse.selected"),
-                               (-1,))
-        out_idx, out_vals = ops.unpairs(gathered)
+        chosen, chosen_sums = ops.take(union, keep), ops.take(sums, keep)
+        if compact:
+            one = ops.count(chosen * 0, 1)  # (1,): every chosen pair in one message
+            message, _ = ops.pack_framed(chosen, chosen_sums, one, plan.total)
+            out_idx, out_vals, _ = ops.unpack_framed(comm.allgather(message, "gs_horovod.sparse.selected"),
+                                                     plan.total)
+            gathered_bytes = ops.size_of(message)
+        else:
+            out_idx, out_vals = ops.unpairs(ops.reshape(comm.allgather(ops.pairs(chosen, chosen_sums),
+                                                                       "gs_horovod.sparse.selected"), (-1,)))
+            gathered_bytes = 8 * ops.size_of(chosen)
         ascending = ops.stable_order(out_idx)
         out_idx, out_vals = ops.take(out_idx, ascending), ops.take(out_vals, ascending)
         out_key, out_group = ops.abs_key(out_vals), ops.bucket(out_idx, starts)
@@ -89,4 +118,8 @@ class Sparse(Exchange):
         for grp in plan.groups:
             nominated.append(Candidates(ops.slice(sel, first, grp.candidates), ops.slice(est, first, grp.candidates)))
             first += grp.candidates
-        return Nominated(nominated, ops.all_finite(est), ops.count_of(ops.size_of(chosen)))
+        sent = None
+        if compact:  # what this rank gave, less what rounding took from the sums it owns (kept in its residual)
+            lost = (exact_sums - sums) * (comm.size if comm.averages else 1)
+            sent = ops.take_sorted(mine, own, sel) - ops.take_sorted(union, lost, sel)
+        return Nominated(nominated, ops.all_finite(est), sent, ops.count_of(routed_bytes), ops.count_of(gathered_bytes))

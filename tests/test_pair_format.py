@@ -1,0 +1,127 @@
+"""The compact wire format for (index, value) pairs (gs_horovod/kernels/pair_format.py): round
+trips, sizes, the values it cannot carry as they are, the torch kernels against the NumPy
+reference byte for byte, and what the engine keeps in the residuals when it rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
+from gs_horovod.kernels import pair_format as pf
+from gs_horovod.kernels import torch_pairs
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.simulated import SimulatedRanks
+
+
+def index_sets() -> list[tuple[int, np.ndarray]]:
+    """(universe, sorted distinct indices): random sets, both ends, gaps above 2^16, one pair,
+    none, every index, and a universe past 2^31 and 2^40."""
+    rng = np.random.default_rng(0)
+    return [
+        (1_000_000, np.sort(rng.choice(1_000_000, 1000, replace=False))),
+        (1_000_000, np.array([0, 999_999])),
+        (10_000_000, np.array([0, 70_000, 140_001, 9_999_999])),  # gaps above 2^16
+        (5000, np.array([4321])),
+        (5000, np.zeros(0, np.int64)),
+        (300, np.arange(300)),
+        (2**31 + 5, np.array([3, 2**31 - 1, 2**31, 2**31 + 4])),
+        (2**40, np.sort(rng.choice(2**40, 200, replace=False))),
+    ]
+
+
+@pytest.mark.parametrize("universe,idx", index_sets(), ids=lambda x: str(x) if isinstance(x, int) else None)
+def test_round_trip_and_size(universe, idx):
+    idx = idx.astype(np.int64)
+    vals = np.random.default_rng(1).standard_normal(idx.size).astype(np.float32)
+    msg = pf.encode(idx, vals, universe)
+    assert msg.dtype == np.uint8 and msg.size == pf.message_bytes(idx.size, universe)
+    got_idx, got_vals = pf.decode(np.concatenate([msg, msg]), 2, idx.size, universe)
+    assert np.array_equal(got_idx, np.concatenate([idx, idx]))
+    assert np.array_equal(got_vals, np.concatenate([pf.rounded(vals)] * 2))
+    # the torch kernels write the same bytes and read them back alike
+    t_msg = torch_pairs.encode(torch.from_numpy(idx), torch.from_numpy(vals), universe)
+    assert np.array_equal(t_msg.numpy(), msg)
+    t_idx, t_vals = torch_pairs.decode(torch.from_numpy(np.concatenate([msg, msg])), 2, idx.size, universe)
+    assert np.array_equal(t_idx.numpy(), got_idx) and np.array_equal(t_vals.numpy(), got_vals)
+
+
+def test_an_index_costs_about_2_plus_log2_of_the_gap():
+    # n = U/1000: l = 9 low bits, about 2 + 9 + 1 high bits: 28 bits a pair with the value
+    assert pf.low_bits(1000, 1_000_000) == 9
+    assert 8 * pf.message_bytes(1000, 1_000_000) / 1000 < 28.1
+    assert pf.message_bytes(0, 10) == 0
+
+
+def test_values_beyond_bfloat16_are_clamped_or_flushed_and_nan_inf_survive():
+    vals = np.array([3.4e38, -3.4e38, 1e-42, np.nan, np.inf, -np.inf, -0.0, 1.0 + 2**-8], np.float32)
+    got = pf.rounded(vals)
+    assert got[0] == pf.BF16_MAX and got[1] == -pf.BF16_MAX  # finite stays finite
+    assert got[2] == 0.0  # below bfloat16's smallest subnormal
+    assert np.isnan(got[3]) and got[4] == np.inf and got[5] == -np.inf
+    assert got[7] == 1.0  # halfway between 1 and 1 + 2^-7: to the even one
+    assert np.array_equal(torch_pairs.rounded(torch.from_numpy(vals)).numpy(), got, equal_nan=True)
+    # relative rounding error of a finite value in bfloat16's normal range: at most 2^-8 (8 bits)
+    x = np.random.default_rng(2).standard_normal(10_000).astype(np.float32) * 1e3
+    assert np.max(np.abs(pf.rounded(x) - x) / np.abs(x)) <= 2**-8
+
+
+def test_framed_messages_carry_their_counts():
+    idx, vals = np.array([1, 5, 9, 2, 3, 4, 7, 8]), np.arange(8, dtype=np.float32)
+    counts = np.array([3, 0, 5])
+    buf, sizes = pf.encode_framed(idx, vals, counts, 10)
+    assert sizes.tolist() == [pf.HEADER + pf.message_bytes(n, 10) for n in counts]
+    got = pf.decode_framed(buf, 10)
+    assert got[0].tolist() == idx.tolist() and got[2].tolist() == counts.tolist()
+    t_buf, t_sizes = torch_pairs.encode_framed(torch.from_numpy(idx), torch.from_numpy(vals),
+                                               torch.from_numpy(counts), 10)
+    assert np.array_equal(t_buf.numpy(), buf) and t_sizes.tolist() == sizes.tolist()
+    assert torch_pairs.decode_framed(t_buf, 10)[2].tolist() == counts.tolist()
+
+
+def test_a_vector_of_2_to_the_31_coordinates_runs_the_exact_exchanges_compact_only():
+    big = 2**31 + 10  # laid out, never allocated
+    compact = GsConfig(ratio=1e-6, wire="compact")
+    assert Plan.build(["w"], [big], compact, ranks=64).exchange == "sparse"
+    assert Plan.build(["w"], [big], compact, ranks=2).exchange == "allgather"
+    assert Plan.build(["w"], [big], GsConfig(ratio=1e-6), ranks=64).exchange == "sketch"  # fp32's int32 indices
+    with pytest.raises(ValueError, match="wire='compact' has no limit"):
+        Plan.build(["w"], [big], GsConfig(ratio=1e-6, exchange="sparse"), ranks=4)
+
+
+@pytest.mark.parametrize("exchange", ["allgather", "sparse"])
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_rounding_is_kept_in_the_residuals(exchange, P):
+    # Σ_r e_r + P·Δ = Σ_r a_r after every step (up to float32 sums of D values): what rounding
+    # took from a rank's value stays in its residual, what it took from an owner's sum in the owner's
+    D, steps = 20_000, 4
+    group = SimulatedRanks(P)
+    cfg = GsConfig(ratio=0.01, exchange=exchange, wire="compact", backend="torch")
+    states = [EngineState(GsSgd(cfg, TorchOps("torch"), comm), CommStats()) for comm in group.comms]
+    gens = [torch.Generator().manual_seed(r) for r in range(P)]
+    before = [torch.zeros(D) for _ in range(P)]
+    for _ in range(steps):
+        grads = [torch.randn(D, generator=g) * torch.rand(D, generator=g) ** 4 for g in gens]
+        ups = group.run(lambda r, comm, grads=grads: states[r].step({"w": grads[r].clone()})["w"])
+        a = sum(e + g for e, g in zip(before, grads))
+        kept = sum(s.residual for s in states) + P * ups[0]
+        assert float((kept - a).abs().max()) <= 1e-6 * float(a.abs().max())
+        assert int((ups[0] != 0).sum()) >= cfg.k_for(D)
+        before = [s.residual.clone() for s in states]
+    # the rounding was real: the compact update differs from the fp32 one in its values
+    assert any(float(s.residual.abs().sum()) > 0 for s in states)
+
+
+@pytest.mark.parametrize("exchange,P,most", [("allgather", 4, 0.45), ("sparse", 4, 0.5), ("sparse", 16, 0.55),
+                                              ("sparse", 64, 0.6)])
+def test_compact_about_halves_the_planned_bytes_of_the_exact_exchanges(exchange, P, most):
+    # k = D/1000 on the 1.28M digits MLP's size: the allgather's one message of k pairs over D
+    # (≈ 28 bits a pair); the sparse exchange's k/P pairs to each owner, whose indices are spread
+    # over all of D by the owners' hash (≈ log2 P bits more an index) and framed with a count
+    def payload(wire: str) -> int:
+        cfg = GsConfig(ratio=0.001, exchange=exchange, wire=wire)
+        p = Plan.build(["w"], [1_280_000], cfg, ranks=P).payload_bytes(cfg)
+        return p.gather + p.alltoall
+
+    assert payload("compact") <= most * payload("fp32")
