@@ -117,7 +117,7 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
 
 @pytest.mark.parametrize("exchange", ["sketch", "allgather"])
 def test_without_the_exact_round_a_rank_drops_only_what_it_fed(exchange):
-    cfg = GsConfig(ratio=0.01, candidates=1, exact=False, prefilter=1, exchange=exchange, backend="torch")
+    cfg = GsConfig(ratio=0.01, candidates=1, exact=False, prefilter=1, exchange=exchange, wire="fp32", backend="torch")
     gen = torch.Generator().manual_seed(1)
     grads = [[[heavy_tailed(gen, 4000)] for _ in range(2)]]
     ranks, updates = run(cfg, grads)
@@ -130,7 +130,7 @@ def test_without_the_exact_round_a_rank_drops_only_what_it_fed(exchange):
 
 
 def test_ratio_one_with_the_exact_round_is_the_dense_mean():
-    cfg = GsConfig(ratio=1.0, rows=1, width=1.0, candidates=1, backend="torch")
+    cfg = GsConfig(ratio=1.0, rows=1, width=1.0, candidates=1, wire="fp32", backend="torch")
     gen = torch.Generator().manual_seed(2)
     grads = [[[torch.randn(2048, generator=gen), torch.randn(1024, generator=gen)] for _ in range(2)]]
     ranks, updates = run(cfg, grads)
@@ -253,22 +253,37 @@ def test_momentum_correction_masks_sent_coordinates():
 
 
 def test_auto_takes_the_allgather_while_it_costs_at_most_twice_the_sparse_exchange():
-    # defaults, D = 100,000, k = 1,000: the allgather's ring puts 2(P−1)·8k bytes through a rank;
+    # wire="fp32", D = 100,000, k = 1,000: the allgather's ring puts 2(P−1)·8k bytes through a rank;
     # the sparse exchange (P−1)/P · (2·8k alltoall + 4·2·1 KiB histograms + 2·8k allgather), so
     # 16,000 ≤ 2 · 40,192 / P: the allgather up to P = 5, the sparse exchange from 6 on
-    plans = {P: Plan.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P) for P in (1, 2, 5, 6, 16, 1024)}
+    fp32 = GsConfig(ratio=0.01, wire="fp32")
+    plans = {P: Plan.build(["w"], [100_000], fp32, ranks=P) for P in (1, 2, 5, 6, 16, 1024)}
     assert {P: x.exchange for P, x in plans.items()} == {1: "allgather", 2: "allgather", 5: "allgather",
                                                           6: "sparse", 16: "sparse", 1024: "sparse"}
     assert (plans[5].exact, plans[5].apply, plans[6].exact, plans[6].apply) == (False, "all", False, "topk")
-    wire = {P: total_wire_bytes(plans[P].collectives(GsConfig(ratio=0.01)), P) for P in (6, 1024)}
+    wire = {P: total_wire_bytes(plans[P].collectives(GsConfig(ratio=0.01, wire="fp32")), P) for P in (6, 1024)}
     assert wire[6] == pytest.approx(40_192 * 5 / 6, rel=2e-2)
     assert wire[1024] == pytest.approx(40_192 * 1023 / 1024, rel=2e-2)
     # a tiny k: the histograms cost more than the pairs save, so the allgather runs longer
-    tiny = GsConfig(k=10)
+    tiny = GsConfig(k=10, wire="fp32")
     assert [Plan.build(["w"], [100_000], tiny, ranks=P).exchange for P in (64, 128)] == ["allgather", "sparse"]
     assert Plan.build(["w"], [100_000], GsConfig(exchange="sketch"), ranks=2).exchange == "sketch"
     assert Plan.build(["w"], [100_000], GsConfig(exchange="allgather"), ranks=64).exchange == "allgather"
     assert Plan.build(["w"], [100_000], GsConfig(exchange="sparse"), ranks=2).exchange == "sparse"
+
+
+def test_auto_with_the_compact_wire_prices_the_encoded_bytes():
+    # the defaults (wire="compact"), D = 100,000, k = 1,000: one message of k pairs (≈ 28 bits a
+    # pair) against the sparse exchange's P framed messages of k/P pairs: the same rule, on the
+    # bytes as encoded; it keeps the allgather to P = 7 here (fp32: to 5)
+    def wire(P: int, exchange: str) -> float:
+        cfg = GsConfig(ratio=0.01, exchange=exchange)
+        return total_wire_bytes(Plan.build(["w"], [100_000], cfg, ranks=P).collectives(cfg), P)
+
+    chosen = {P: Plan.build(["w"], [100_000], GsConfig(ratio=0.01), ranks=P).exchange for P in range(2, 65)}
+    assert all(chosen[P] == ("allgather" if wire(P, "allgather") <= 2 * wire(P, "sparse") else "sparse")
+               for P in chosen)
+    assert max(P for P, e in chosen.items() if e == "allgather") == 7
 
 
 @pytest.mark.parametrize("P", [5, 6, 7])
@@ -288,14 +303,14 @@ def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
     assert expected == {5: {"allreduce": "allgather", "tree": "allgather"},
                         6: {"allreduce": "sparse", "tree": "allgather"},
                         7: {"allreduce": "sparse", "tree": "sparse"}}[P]
-    cfg = GsConfig(ratio=0.001)
+    cfg = GsConfig(ratio=0.001, wire="fp32")
     for kind in ("allreduce", "tree"):
         plan = Plan.split([("w", 1_280_000), ("b", 1000)], cfg, ranks=P, allreduce_kind=kind)
         assert plan.exchange == expected[kind]
         assert {c for c, _ in plan.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
     tensors = [torch.zeros(1_280_000), torch.zeros(1000)]
     for merge, kind in (("horovod", "allreduce"), ("mpi", "tree")):
-        step = GsSketch(merge=merge, ratio=0.001).collectives_per_step(tensors, ranks=P)
+        step = GsSketch(merge=merge, ratio=0.001, wire="fp32").collectives_per_step(tensors, ranks=P)
         assert {c for c, _ in step} == {kind, "allgather"} | ({"alltoall"} if expected[kind] == "sparse" else set())
     with pytest.raises(ValueError, match="allreduce_kind"):
         Plan.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")
@@ -305,7 +320,7 @@ def test_the_allgather_nominates_the_largest_partial_sums_of_the_union():
     P, d, k = 3, 2000, 20
     gen = torch.Generator().manual_seed(11)
     grads = [[heavy_tailed(gen, d)] for _ in range(P)]
-    cfg = GsConfig(k=k, prefilter=2, exact=False, apply="topk", exchange="allgather", backend="torch")
+    cfg = GsConfig(k=k, prefilter=2, exact=False, apply="topk", exchange="allgather", wire="fp32", backend="torch")
     _, updates = run(cfg, [grads])
     partial = torch.zeros(d, dtype=torch.float64)
     for (g,) in grads:
@@ -325,7 +340,7 @@ def test_the_allgather_applying_its_whole_union_is_top_k_allgather():
     P, sizes = 3, [3000, 1500]
     gen = torch.Generator().manual_seed(13)
     grads = [[[heavy_tailed(gen, d) for d in sizes] for _ in range(P)] for _ in range(3)]
-    cfg = GsConfig(ratio=0.01, exact=False, apply="all", exchange="allgather", backend="torch")
+    cfg = GsConfig(ratio=0.01, exact=False, apply="all", exchange="allgather", wire="fp32", backend="torch")
     ranks, updates = run(cfg, grads)
     baselines = [TopKAllgather(ratio=0.01, backend="torch") for _ in range(P)]
     group = SimulatedRanks(P)
@@ -357,7 +372,8 @@ def test_k_larger_than_a_group_is_an_error_naming_it():
 
 
 def test_sizes_and_bytes_follow_the_options():
-    cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16", exchange="sketch")
+    cfg = GsConfig(ratio=0.01, rows=3, width=2.0, candidates=2, sketch_dtype="float16", exchange="sketch",
+                   wire="fp32")
     plan = Plan.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
     (grp,) = plan.groups
     assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)

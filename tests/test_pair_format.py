@@ -85,9 +85,10 @@ def test_a_vector_of_2_to_the_31_coordinates_runs_the_exact_exchanges_compact_on
     compact = GsConfig(ratio=1e-6, wire="compact")
     assert Plan.build(["w"], [big], compact, ranks=64).exchange == "sparse"
     assert Plan.build(["w"], [big], compact, ranks=2).exchange == "allgather"
-    assert Plan.build(["w"], [big], GsConfig(ratio=1e-6), ranks=64).exchange == "sketch"  # fp32's int32 indices
+    fp32 = GsConfig(ratio=1e-6, wire="fp32")
+    assert Plan.build(["w"], [big], fp32, ranks=64).exchange == "sketch"  # fp32's int32 indices
     with pytest.raises(ValueError, match="wire='compact' has no limit"):
-        Plan.build(["w"], [big], GsConfig(ratio=1e-6, exchange="sparse"), ranks=4)
+        Plan.build(["w"], [big], GsConfig(ratio=1e-6, exchange="sparse", wire="fp32"), ranks=4)
 
 
 @pytest.mark.parametrize("exchange", ["allgather", "sparse"])

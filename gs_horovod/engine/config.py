@@ -98,7 +98,7 @@ class GsConfig:
     exchange: str = "auto"
     prefilter: int = 1
     sketch_dtype: str = "float16"
-    wire: str = "fp32"
+    wire: str = "compact"
     seed: int = 0
     exact: Optional[bool] = None
     warmup_steps: int = 0

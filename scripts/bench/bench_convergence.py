@@ -53,6 +53,9 @@ METHODS = {
     "gs": ("gs", []),
     "gs layer": ("gs", ["--gs", "scope=layer"]),
     "gs sketch": ("gs", ["--gs", "exchange=sketch"]),  # the paper's sketch (the defaults: "auto")
+    "gs fp32": ("gs", ["--gs", "wire=fp32"]),  # the defaults with each pair an int32 and a float32
+    "gs compact": ("gs", ["--gs", "wire=compact"]),  # ... with Elias-Fano indices and bfloat16 values
+    "topk compact": ("gs", ["--gs", "exchange=allgather", "--gs", "wire=compact"]),  # top-k allgather, compact
     "topk": ("topk", []),
     "topk layer": ("topk", ["--opt", "scope=layer"]),
     "gtopk": ("gtopk", []),

@@ -72,7 +72,7 @@ from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
 from gs_horovod.transports.wire import wire_bytes
 
-SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange")
+SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange", "wire")
 MIN_SIZE = GsConfig().min_size
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
@@ -90,12 +90,14 @@ def shipped_settings() -> GsConfig:
 
 
 def label(cfg: GsConfig) -> str:
-    """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather|sparse]``:
-    ``exact`` / ``noexact`` when the exact round is forced on / off (else the exchange's own),
-    the apply rule when given, the exchange when forced (not "auto")."""
+    """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather|sparse]
+    [ compact]``: ``exact`` / ``noexact`` when the exact round is forced on / off (else the
+    exchange's own), the apply rule when given, the exchange when forced (not "auto"), the
+    pair wire format when it is "compact"."""
     m = {None: f"m{cfg.candidates}", True: f"m{cfg.candidates} exact", False: "noexact"}[cfg.exact]
     text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
-    return text + (f" {cfg.apply}" if cfg.apply else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
+    text += (f" {cfg.apply}" if cfg.apply else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
+    return text + (" compact" if cfg.wire == "compact" else "")
 
 
 def is_shipped(r: dict) -> bool:
@@ -382,10 +384,11 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
         for apply in ("topk", "all"):  # "all" without the exact round: top-k allgather in the engine
             yield replace(shipped, exchange="allgather", exact=False, apply=apply)
     elif level == "exchanges":
-        yield shipped  # "auto": the allgather at P <= 2, the sparse exchange above
-        yield replace(shipped, exchange="sparse")
-        yield replace(shipped, exchange="allgather", apply="topk")
-        yield replace(shipped, exchange="allgather")  # its own defaults: no exact round, the union applied
+        yield shipped  # "auto": the allgather at small P, the sparse exchange above
+        for wire in ("fp32", "compact"):  # each pair exchange in both wire formats, labelled
+            yield replace(shipped, exchange="sparse", wire=wire)
+            yield replace(shipped, exchange="allgather", apply="topk", wire=wire)
+            yield replace(shipped, exchange="allgather", wire=wire)  # its own defaults: top-k allgather
         yield replace(shipped, exchange="sketch")  # the paper's Count-Sketch at the shipped sizes
         return
     elif level == "quick":
@@ -569,11 +572,14 @@ def method_name(r: dict) -> str:
         return r["method"]
     used = r.get("exchange_used", "?")
     text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
+    if r["exchange"] != "auto" and r.get("wire") == "compact":
+        text += " compact"
     if r.get("apply"):
         text += f", apply {r['apply']}"
     elif r["exchange"] == "allgather":
         text += ", its defaults (top-k allgather)"
-    sizes = label(replace(shipped_settings(), exchange=r["exchange"], apply=r.get("apply")))
+    sizes = label(replace(shipped_settings(), exchange=r["exchange"], apply=r.get("apply"),
+                          wire=r.get("wire", "fp32")))
     if r.get("label") != sizes:
         text += f" [{r.get('label')}]"
     return text + (" (layer)" if r.get("scope") == "layer" else "")

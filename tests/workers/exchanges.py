@@ -147,8 +147,11 @@ def flat(step: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def state(make: Callable[[], Any], **options: Any) -> tuple[EngineState, Counting]:
+    """An engine on fresh collectives; ``wire="fp32"`` unless given (the NumPy references are
+    of exact pairs; the compact cases name their wire)."""
     comm = Counting(make())
-    return EngineState(GsSgd(GsConfig(ratio=0.01, **options), TorchOps(), comm), CommStats()), comm
+    config = GsConfig(ratio=0.01, **{"wire": "fp32", **options})
+    return EngineState(GsSgd(config, TorchOps(), comm), CommStats()), comm
 
 
 def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -26,7 +26,7 @@ def main(out_dir: str) -> None:
     result: dict = {"rank": hvd.rank()}
     dense, gs = Mlp(0), Mlp(0)
     run(dense, make_step(dense, hvd.Compression.none), x, y, range(3))
-    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, min_size=1, sketch_dtype="float32")
+    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, min_size=1, sketch_dtype="float32", wire="fp32")
     run(gs, make_step(gs, compression), x, y, range(3))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))

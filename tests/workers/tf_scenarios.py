@@ -102,7 +102,7 @@ def main(out_dir: str) -> None:
     # k = d with the exact round is dense allreduce
     dense, gs = Mlp(0), Mlp(0)
     run(dense, make_step(dense, hvd.Compression.none), x, y, range(5))
-    run(gs, make_step(gs, GsSketch(ratio=1.0, rows=1, width=1.0, min_size=1)), x, y, range(5))
+    run(gs, make_step(gs, GsSketch(ratio=1.0, rows=1, width=1.0, min_size=1, wire="fp32")), x, y, range(5))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
 
@@ -179,11 +179,17 @@ def main(out_dir: str) -> None:
     # the sparse exchange (alltoall to the owners, threshold, allgather of the selected pairs)
     # applies exactly the allgather's top k: the same model after every step, in a tf.function
     for scope in ("global", "layer"):
-        for name, options in (("sparse", {"exchange": "sparse"}), ("gather", {"exchange": "allgather",
-                                                                              "apply": "topk"})):
+        # (wire="fp32": the compact wire rounds the owners' sums, which the allgather does not)
+        for name, options in (("sparse", {"exchange": "sparse", "wire": "fp32"}),
+                              ("gather", {"exchange": "allgather", "apply": "topk", "wire": "fp32"})):
             model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, scope=scope, **options)
             result[f"{name}_{scope}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
             result[f"{name}_{scope}_stats"] = vars(gs.stats)
+    # the compact wire in the graph (its codec through tf.numpy_function), both pair exchanges
+    for name in ("sparse", "allgather"):
+        model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, exchange=name, wire="compact")
+        result[f"compact_{name}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
+        result[f"compact_{name}_stats"] = vars(gs.stats)
 
     # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
     result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)

@@ -43,7 +43,7 @@ def digits_shard() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 EXCHANGES = ("sketch", "allgather", "sparse")
-K_EQUALS_D = dict(ratio=1.0, rows=1, width=1.0, min_size=1)  # every coordinate applied: the dense mean
+K_EQUALS_D = dict(ratio=1.0, rows=1, width=1.0, min_size=1, wire="fp32")  # every coordinate applied: the dense mean
 
 
 def distributed(model: torch.nn.Module, prefix: str, compression, lr: float = 0.1, **kw):
