@@ -297,13 +297,17 @@ def test_bench_convergence_simulated(tmp_path: Path) -> None:
 
 
 def test_bench_compute_quick(tmp_path: Path) -> None:
-    """``bench_compute.py --quick`` (D scaled down): every method timed, and the last two lines
-    are the documented ratios of the rows' medians."""
+    """``bench_compute.py --quick`` (D scaled down): every method timed, and the last lines are
+    the documented ratios of the rows' medians."""
     out = run_script("bench/bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
     rows = json.loads((tmp_path / "c.json").read_text())
-    assert len(rows) == 8 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
+    assert len(rows) == 10 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
     median = {r["method"]: r["median_s"] for r in rows}
-    lines = [line.split() for line in out.strip().splitlines()[-2:]]
-    assert [name for name, _ in lines] == ["defaults_vs_topk_allgather", "gtopk_vs_topk_allgather"]
-    for (_, ratio), method in zip(lines, ("gs-SGD (defaults)", "gTop-k")):
+    lines = [line.split() for line in out.strip().splitlines()[-3:]]
+    assert [line[0] for line in lines] == ["defaults_vs_topk_allgather", "gtopk_vs_topk_allgather", "compact_vs_fp32"]
+    for (_, ratio), method in zip(lines[:2], ("gs-SGD (defaults)", "gTop-k")):
         assert float(ratio) == pytest.approx(median[method] / median["top-k allgather"], abs=5e-4)
+    _, _, defaults, _, sparse = lines[2]
+    assert float(defaults) == pytest.approx(median["gs-SGD (defaults)"] / median["gs-SGD (wire=fp32)"], abs=5e-4)
+    assert float(sparse) == pytest.approx(median["gs-SGD (exchange=sparse)"]
+                                          / median["gs-SGD (exchange=sparse, wire=fp32)"], abs=5e-4)

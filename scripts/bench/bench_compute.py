@@ -14,7 +14,9 @@ per rank. gs-SGD is the engine (``GsSgd``) at GsSketch's defaults (at P = 4 the 
 from P = 5 the sparse exchange), with the sparse exchange forced, and with the paper's sketch.
 The output ends with ``sparse_vs_topk_allgather <ratio>``, ``defaults_vs_topk_allgather
 <ratio>`` and ``gtopk_vs_topk_allgather <ratio>``: the forced sparse exchange's, GsSketch's
-defaults' and gTop-k's compute over top-k allgather's at P = 4, k = D/1000.
+defaults' and gTop-k's compute over top-k allgather's at P = 4, k = D/1000; then
+``compact_vs_fp32 defaults <x> sparse <y>``: the defaults' and the sparse exchange's compute with
+the compact wire over the same with ``wire="fp32"`` (what encoding and decoding add).
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ class GsRank:
 
 METHODS: dict[str, Callable[[float, list, int], Any]] = {  # (ratio, shapes, ranks) → one rank's method
     "gs-SGD (defaults)": GsRank,
+    "gs-SGD (wire=fp32)": lambda r, shapes, P: GsRank(r, shapes, P, wire="fp32"),
     "gs-SGD (exchange=sparse)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sparse"),
+    "gs-SGD (exchange=sparse, wire=fp32)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sparse", wire="fp32"),
     "gs-SGD (exchange=sketch)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sketch"),
     "top-k allgather": lambda r, shapes, P: TopKAllgather(ratio=r),
     "gTop-k": lambda r, shapes, P: GTopK(ratio=r),
@@ -134,6 +138,9 @@ def main() -> None:
         print(f"sparse_vs_topk_allgather {at['gs-SGD (exchange=sparse)', 4, 0.001] / topk:.3f}")
         print(f"defaults_vs_topk_allgather {at['gs-SGD (defaults)', 4, 0.001] / topk:.3f}")
         print(f"gtopk_vs_topk_allgather {at['gTop-k', 4, 0.001] / at['top-k allgather', 4, 0.001]:.3f}")
+        defaults = at['gs-SGD (defaults)', 4, 0.001] / at['gs-SGD (wire=fp32)', 4, 0.001]
+        sparse = at['gs-SGD (exchange=sparse)', 4, 0.001] / at['gs-SGD (exchange=sparse, wire=fp32)', 4, 0.001]
+        print(f"compact_vs_fp32 defaults {defaults:.3f} sparse {sparse:.3f}")
 
 
 if __name__ == "__main__":
