@@ -99,20 +99,14 @@ class ArrayOps(Protocol):
         """vals (n,) f32 as the compact pair format carries them (:mod:`.kernels.pair_format`):
         clamped and rounded to bfloat16, as f32."""
 
-    def pack_pairs(self, idx: Array, vals: Array, universe: int) -> Array:
-        """One compact message (m,) uint8 of idx (n,) int64 (sorted, distinct, in [0, universe))
-        and vals (n,) f32 (:func:`.kernels.pair_format.encode`)."""
+    def pack_pairs(self, idx: Array, vals: Array, counts: Array, universe: int, low: int) -> tuple[Array, Array]:
+        """Consecutive runs of counts (M,) pairs of idx (n,) int64 (each run sorted, distinct, in
+        [0, universe)) and vals (n,) f32, each a compact message with ``low`` low bits
+        (:func:`.kernels.pair_format.encode`): (the messages (m,) uint8, the bytes of each (M,) int32)."""
 
-    def unpack_pairs(self, buf: Array, messages: int, n: int, universe: int) -> tuple[Array, Array]:
-        """(idx (messages·n,) int64, vals f32) of ``messages`` compact messages of n pairs laid end
-        to end in buf (uint8)."""
-
-    def pack_framed(self, idx: Array, vals: Array, counts: Array, universe: int) -> tuple[Array, Array]:
-        """Consecutive runs of counts (P,) pairs, each framed as its count and its compact message:
-        (the messages (m,) uint8, the bytes of each (P,) int32)."""
-
-    def unpack_framed(self, buf: Array, universe: int) -> tuple[Array, Array, Array]:
-        """(idx, vals, the pairs of each message (P,) int32) of framed messages laid end to end."""
+    def unpack_pairs(self, buf: Array, universe: int, low: int) -> tuple[Array, Array, Array]:
+        """(idx (n,) int64, vals (n,) f32, the pairs of each message (M,) int32) of compact
+        messages laid end to end in buf (uint8)."""
 
     def take_sorted(self, keys: Array, vals: Array, x: Array) -> Array:
         """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent."""

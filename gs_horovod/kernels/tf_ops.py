@@ -202,24 +202,15 @@ class TfOps:
     def wire_rounded(self, vals: tf.Tensor) -> tf.Tensor:
         return tf.ensure_shape(tf.numpy_function(pair_format.rounded, [vals], tf.float32, stateful=False), vals.shape)
 
-    def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor, universe: int) -> tf.Tensor:
+    def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor, universe: int,
+                   low: int) -> tuple[tf.Tensor, tf.Tensor]:
         """The NumPy reference (:mod:`.pair_format`) through ``tf.numpy_function``."""
-        out = tf.numpy_function(lambda i, v: pair_format.encode(i, v, universe), [idx, vals], tf.uint8, stateful=False)
-        return tf.ensure_shape(out, [None])
-
-    def unpack_pairs(self, buf: tf.Tensor, messages: int, n: int, universe: int) -> tuple[tf.Tensor, tf.Tensor]:
-        idx, vals = tf.numpy_function(lambda b: pair_format.decode(b, messages, n, universe), [buf],
-                                      [tf.int64, tf.float32], stateful=False)
-        return tf.ensure_shape(idx, [messages * n]), tf.ensure_shape(vals, [messages * n])
-
-    def pack_framed(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor,
-                    universe: int) -> tuple[tf.Tensor, tf.Tensor]:
-        buf, sizes = tf.numpy_function(lambda i, v, c: pair_format.encode_framed(i, v, c, universe),
+        buf, sizes = tf.numpy_function(lambda i, v, c: pair_format.encode(i, v, c, universe, low),
                                        [idx, vals, counts], [tf.uint8, tf.int32], stateful=False)
         return tf.ensure_shape(buf, [None]), tf.ensure_shape(sizes, counts.shape)
 
-    def unpack_framed(self, buf: tf.Tensor, universe: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        idx, vals, counts = tf.numpy_function(lambda b: pair_format.decode_framed(b, universe), [buf],
+    def unpack_pairs(self, buf: tf.Tensor, universe: int, low: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        idx, vals, counts = tf.numpy_function(lambda b: pair_format.decode(b, universe, low), [buf],
                                               [tf.int64, tf.float32, tf.int32], stateful=False)
         return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [None])
 

@@ -379,19 +379,13 @@ class TorchOps:
     def wire_rounded(self, vals: torch.Tensor) -> torch.Tensor:
         return torch_pairs.rounded(vals)
 
-    def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, universe: int) -> torch.Tensor:
-        return torch_pairs.encode(idx, vals, universe)
+    def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe: int,
+                   low: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch_pairs.encode(idx, vals, counts, universe, low)
 
-    def unpack_pairs(self, buf: torch.Tensor, messages: int, n: int,
-                     universe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch_pairs.decode(buf, messages, n, universe)
-
-    def pack_framed(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
-                    universe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch_pairs.encode_framed(idx, vals, counts, universe)
-
-    def unpack_framed(self, buf: torch.Tensor, universe: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return torch_pairs.decode_framed(buf, universe)
+    def unpack_pairs(self, buf: torch.Tensor, universe: int, low: int) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor]:
+        return torch_pairs.decode(buf, universe, low)
 
     def take_sorted(self, keys: torch.Tensor, vals: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if not len(keys):

@@ -1,95 +1,98 @@
-"""The compact pair format (:mod:`.pair_format`) in torch ops, vectorised over a message's
-pairs (and over equal-sized messages): the same bytes as the NumPy reference."""
+"""The compact pair format (:mod:`.pair_format`) in torch ops: every pair of every message in
+one vectorised pass (bit positions computed for all at once, one scatter, one pack), the same
+bytes as the NumPy reference."""
 
 from __future__ import annotations
 
 import torch
 
-from .pair_format import BF16_MAX, HEADER, high_bits, low_bits, message_bytes, sections
+from .pair_format import BF16_MAX, HEADER
 
 
 def _bf16_bits(vals: torch.Tensor) -> torch.Tensor:
-    """vals (n,) f32 → (n,) int32 holding the bfloat16 bits the reference writes: finite values
+    """vals (n,) f32 → (n,) int64 holding the bfloat16 bits the reference writes: finite values
     clamped, rounded to nearest even; every NaN as 0x7FC0 (torch's own cast may keep its sign)."""
     kept = torch.where(torch.isfinite(vals), vals.clamp(-BF16_MAX, BF16_MAX), vals)
     u = kept.view(torch.int32).long() & 0xFFFFFFFF
-    half = ((u + ((u >> 16) & 1) + 0x7FFF) >> 16).int()
+    half = (u + ((u >> 16) & 1) + 0x7FFF) >> 16
     return torch.where(torch.isnan(vals), 0x7FC0, half)
 
 
 def rounded(vals: torch.Tensor) -> torch.Tensor:
     """vals (n,) f32 as the values section carries them: clamped, rounded to bfloat16, as f32."""
-    return (_bf16_bits(vals) << 16).view(torch.float32)
+    return (_bf16_bits(vals) << 16).to(torch.int32).view(torch.float32)
 
 
-def _pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """bits (b,) of 0/1 → (⌈b/8⌉,) uint8, bit j of byte i = bits[8i + j]."""
-    pad = (-bits.numel()) % 8
-    rows = torch.cat([bits.to(torch.uint8), bits.new_zeros(pad, dtype=torch.uint8)]).view(-1, 8)
-    return (rows << torch.arange(8, dtype=torch.uint8, device=bits.device)).sum(1, dtype=torch.uint8)
+def _layout(counts: torch.Tensor, universe: int, low: int) -> tuple[torch.Tensor, ...]:
+    """Per message (M,) int64: the bit where its low, high and value sections start, its high
+    section's length in bits, and its bytes."""
+    high_len = torch.where(counts > 0, counts + ((universe - 1) >> low) + 1, 0)
+    low_b, high_b = (counts * low + 7) // 8, (high_len + 7) // 8
+    size = HEADER + low_b + high_b + 2 * counts
+    start = torch.cumsum(size, 0) - size
+    low_at = 8 * (start + HEADER)
+    high_at = low_at + 8 * low_b
+    return start, low_at, high_at, high_at + 8 * high_b, high_len, size
 
 
-def _bits(rows: torch.Tensor) -> torch.Tensor:
-    """rows (..., B) uint8 → (..., 8B) uint8 of 0/1, little-endian within each byte."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=rows.device)
-    return ((rows.unsqueeze(-1) >> shifts) & 1).flatten(-2)
+def _message_of(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the message of each pair (n,), its place within its message (n,))."""
+    message = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    return message, torch.arange(len(message), device=counts.device) - first[message]
 
 
-def encode(idx: torch.Tensor, vals: torch.Tensor, universe: int) -> torch.Tensor:
-    """The message (m,) uint8 of idx (n,) int64 (sorted, distinct, in [0, universe)) and vals (n,) f32."""
-    n = idx.numel()
-    if n == 0:
-        return idx.new_zeros(0, dtype=torch.uint8)
-    low = low_bits(n, universe)
-    steps = torch.arange(n, device=idx.device)
-    lows = ((idx.unsqueeze(1) >> torch.arange(low, device=idx.device)) & 1).reshape(-1)
-    high = idx.new_zeros(high_bits(n, universe), dtype=torch.uint8)
-    high[(idx >> low) + steps] = 1
-    values = _bf16_bits(vals).to(torch.int16).view(torch.uint8)
-    return torch.cat([_pack_bits(lows), _pack_bits(high), values])
+def encode(idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe: int,
+           low: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`.pair_format.encode`: (messages (m,) uint8, bytes of each (M,) int32)."""
+    device = idx.device
+    counts = counts.to(device, torch.int64)
+    start, low_at, high_at, val_at, _, size = _layout(counts, universe, low)
+    message, place = _message_of(counts)
+    bits = torch.zeros(8 * int(size.sum()), dtype=torch.uint8, device=device)
+    header = torch.arange(8 * HEADER, device=device)
+    bits[(8 * start[:, None] + header).reshape(-1)] = ((counts[:, None] >> header) & 1).reshape(-1).to(torch.uint8)
+    if low:
+        t = torch.arange(low, device=device)
+        bits[(low_at[message][:, None] + place[:, None] * low + t).reshape(-1)] = \
+            ((idx[:, None] >> t) & 1).reshape(-1).to(torch.uint8)
+    bits[high_at[message] + (idx >> low) + place] = 1
+    b = torch.arange(16, device=device)
+    bits[(val_at[message][:, None] + 16 * place[:, None] + b).reshape(-1)] = \
+        ((_bf16_bits(vals)[:, None] >> b) & 1).reshape(-1).to(torch.uint8)
+    weights = (1 << torch.arange(8, device=device)).to(torch.uint8)
+    return (bits.view(-1, 8) * weights).sum(1, dtype=torch.uint8), size.int().cpu()
 
 
-def decode(buf: torch.Tensor, messages: int, n: int, universe: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(idx (messages·n,) int64, vals (messages·n,) f32) of ``messages`` messages of n pairs each."""
-    if n == 0 or messages == 0:
-        return buf.new_zeros(0, dtype=torch.int64), buf.new_zeros(0, dtype=torch.float32)
-    low = low_bits(n, universe)
-    low_b, high_b, _ = sections(n, universe)
-    rows = buf.view(messages, -1)
-    lows = _bits(rows[:, :low_b])[:, :n * low].reshape(messages, n, low).long()
-    low_part = (lows << torch.arange(low, device=buf.device)).sum(-1)
-    high = _bits(rows[:, low_b:low_b + high_b])[:, :high_bits(n, universe)]
-    positions = high.nonzero()[:, 1].view(messages, n)
-    idx = ((positions - torch.arange(n, device=buf.device)) << low) | low_part
-    vals = (rows[:, low_b + high_b:].reshape(-1).clone().view(torch.int16).int() << 16).view(torch.float32)
-    return idx.reshape(-1), vals.reshape(-1)
-
-
-def encode_framed(idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
-                  universe: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`.pair_format.encode_framed` in torch: (messages (m,) uint8, bytes of each (P,) int32)."""
-    out, sizes, first = [], [], 0
-    for n in counts.tolist():
-        msg = encode(idx[first:first + n], vals[first:first + n], universe)
-        out += [torch.tensor([n], dtype=torch.int64).view(torch.uint8)[:HEADER].to(idx.device), msg]
-        sizes.append(HEADER + msg.numel())
-        first += n
-    return torch.cat(out), torch.tensor(sizes, dtype=torch.int32)
-
-
-def decode_framed(buf: torch.Tensor, universe: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`.pair_format.decode_framed` in torch: (idx, vals, pairs of each message (P,) int32)."""
-    host = buf[:0].cpu()
-    idx, vals, counts, at = [], [], [], 0
-    while at < buf.numel():
-        n = int(buf[at:at + HEADER].cpu().clone().view(torch.int32)[0]) & 0xFFFFFFFF
-        size = message_bytes(n, universe)
-        i, v = decode(buf[at + HEADER:at + HEADER + size], 1, n, universe)
-        idx.append(i)
-        vals.append(v)
+def _counts_of(buf: torch.Tensor, universe: int, low: int) -> torch.Tensor:
+    """Each message's pair count, read header by header (on the host: a short loop over messages)."""
+    host, counts, at = buf.cpu().numpy(), [], 0
+    while at < host.size:
+        n = int(host[at:at + HEADER].copy().view("<u4")[0])
         counts.append(n)
-        at += HEADER + size
-    if not counts:
-        return host.new_zeros(0, dtype=torch.int64), host.new_zeros(0, dtype=torch.float32), \
-            torch.zeros(0, dtype=torch.int32)
-    return torch.cat(idx), torch.cat(vals), torch.tensor(counts, dtype=torch.int32)
+        at += HEADER + (n * low + 7) // 8 + ((n + ((universe - 1) >> low) + 1 + 7) // 8 if n else 0) + 2 * n
+    return torch.tensor(counts, dtype=torch.int64, device=buf.device)
+
+
+def decode(buf: torch.Tensor, universe: int, low: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`.pair_format.decode`: (idx (n,) int64, vals (n,) f32, pairs of each message (M,) int32)."""
+    device = buf.device
+    counts = _counts_of(buf, universe, low)
+    if not len(counts):
+        return (torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, device=device),
+                torch.zeros(0, dtype=torch.int32))
+    _, low_at, high_at, val_at, high_len, _ = _layout(counts, universe, low)
+    message, place = _message_of(counts)
+    bits = ((buf[:, None] >> torch.arange(8, dtype=torch.uint8, device=device)) & 1).reshape(-1)
+    low_part = torch.zeros(len(message), dtype=torch.int64, device=device)
+    if low:
+        t = torch.arange(low, device=device)
+        low_part = (bits[low_at[message][:, None] + place[:, None] * low + t].long() << t).sum(1)
+    # every message's high section, laid end to end: its set bits, in order, are the pairs'
+    section, at_in = _message_of(high_len)
+    set_bits = torch.nonzero(bits[high_at[section] + at_in]).reshape(-1)
+    high = at_in[set_bits] - place
+    b = torch.arange(16, device=device)
+    value_bits = (bits[val_at[message][:, None] + 16 * place[:, None] + b].long() << b).sum(1)
+    vals = (value_bits << 16).to(torch.int32).view(torch.float32)
+    return (high << low) | low_part, vals, counts.int().cpu()

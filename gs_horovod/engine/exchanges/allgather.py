@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from ...array_ops import Array
-from ...kernels.pair_format import message_bytes
+from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
 from .base import Candidates, Exchange, Nominated, union_sum
 
@@ -31,7 +31,8 @@ class Allgather(Exchange):
 
     def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
         fed = sum(g.fed for g in plan.groups)
-        return Payload(gather=message_bytes(fed, plan.total) if config.wire == "compact" else 8 * fed)
+        compact = message_bytes(fed, plan.total, low_bits(fed, plan.total))
+        return Payload(gather=compact if config.wire == "compact" else 8 * fed)
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the m·k of largest |partial sum| in the union of every rank's ``fed`` set
@@ -42,9 +43,9 @@ class Allgather(Exchange):
         mine = ops.concat(fed)
         n = sum(g.fed for g in plan.groups)
         if engine.config.wire == "compact":
-            own = ops.wire_rounded(ops.take(a, mine))
-            gathered = engine.comm.allgather(ops.pack_pairs(mine, own, plan.total), "gs_horovod.gather")
-            idx, vals = ops.unpack_pairs(gathered, P, n, plan.total)
+            own, low = ops.wire_rounded(ops.take(a, mine)), low_bits(n, plan.total)
+            message, _ = ops.pack_pairs(mine, own, ops.count(mine * 0, 1), plan.total, low)  # one message
+            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), plan.total, low)
         else:
             own = None
             idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),

@@ -16,10 +16,11 @@ bit for bit, with wire bytes flat in P.
 Payload: the L·k pairs of each group into the alltoall, 2 × 256 int32 bins per group, and this
 rank's share of the m·k selected pairs (planned: an even share). With ``wire="fp32"`` 8 bytes a
 pair, about 32(P−1)/P·L·k bytes through a rank plus 2 KB of histograms a group. With
-``wire="compact"`` each destination's pairs are one framed compact message (their count and
-:mod:`~gs_horovod.kernels.pair_format`), the owners select on their sums rounded as they will
-travel, and each owner keeps in its residual what rounding took from the sums it had applied:
-P·(s − s̃) (s − s̃ when the transport sums), so nothing is lost over steps.
+``wire="compact"`` each destination's pairs are one compact message
+(:mod:`~gs_horovod.kernels.pair_format`, l from a destination's expected share), the owners
+select on their sums rounded as they will travel, and each owner keeps in its residual what
+rounding took from the sums it had applied: P·(s − s̃) (s − s̃ when the transport sums), so
+nothing is lost over steps.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from ...array_ops import Array
-from ...kernels.pair_format import HEADER, message_bytes
+from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
 from .base import Candidates, Exchange, Nominated, union_sum
 
@@ -54,11 +55,21 @@ class Sparse(Exchange):
         if measured is not None:
             routed, gathered = measured
         elif config.wire == "compact":
-            routed = P * (HEADER + message_bytes(math.ceil(fed / P), plan.total))
-            gathered = HEADER + message_bytes(math.ceil(chosen / P), plan.total)
+            routed = P * message_bytes(math.ceil(fed / P), plan.total, self.routed_low(plan))
+            gathered = message_bytes(math.ceil(chosen / P), plan.total, self.gathered_low(plan))
         else:
             routed, gathered = 8 * fed, math.ceil(8 * chosen / P)
         return Payload(gather=gathered, alltoall=routed, select=select)
+
+    @staticmethod
+    def routed_low(plan: Plan) -> int:
+        """The compact wire's low bits for the alltoall: each destination's share of L·k pairs."""
+        return low_bits(math.ceil(sum(g.fed for g in plan.groups) / plan.ranks), plan.total)
+
+    @staticmethod
+    def gathered_low(plan: Plan) -> int:
+        """The compact wire's low bits for the allgather: each owner's share of the m·k selected."""
+        return low_bits(math.ceil(sum(g.candidates for g in plan.groups) / plan.ranks), plan.total)
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
@@ -72,9 +83,10 @@ class Sparse(Exchange):
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
         if compact:
-            message, splits = ops.pack_framed(routed, routed_vals, ops.count(owner, comm.size), plan.total)
+            low = self.routed_low(plan)
+            message, splits = ops.pack_pairs(routed, routed_vals, ops.count(owner, comm.size), plan.total, low)
             received, _ = comm.alltoall(message, splits, "gs_horovod.sparse")
-            idx, vals, counts = ops.unpack_framed(received, plan.total)
+            idx, vals, counts = ops.unpack_pairs(received, plan.total, low)
             routed_bytes = ops.size_of(message)
         else:
             received, got = comm.alltoall(ops.pairs(routed, routed_vals), ops.count(owner, comm.size) * 2,
@@ -100,10 +112,11 @@ class Sparse(Exchange):
         keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
         chosen, chosen_sums = ops.take(union, keep), ops.take(sums, keep)
         if compact:
+            low = self.gathered_low(plan)
             one = ops.count(chosen * 0, 1)  # (1,): every chosen pair in one message
-            message, _ = ops.pack_framed(chosen, chosen_sums, one, plan.total)
-            out_idx, out_vals, _ = ops.unpack_framed(comm.allgather(message, "gs_horovod.sparse.selected"),
-                                                     plan.total)
+            message, _ = ops.pack_pairs(chosen, chosen_sums, one, plan.total, low)
+            out_idx, out_vals, _ = ops.unpack_pairs(comm.allgather(message, "gs_horovod.sparse.selected"),
+                                                    plan.total, low)
             gathered_bytes = ops.size_of(message)
         else:
             out_idx, out_vals = ops.unpairs(ops.reshape(comm.allgather(ops.pairs(chosen, chosen_sums),
