@@ -72,7 +72,7 @@ from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
 from gs_horovod.transports.wire import wire_bytes
 
-SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange", "wire")
+SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange")
 MIN_SIZE = GsConfig().min_size
 SEED = 0
 LR, MOMENTUM = 0.05, 0.9
@@ -97,12 +97,14 @@ def label(cfg: GsConfig) -> str:
     m = {None: f"m{cfg.candidates}", True: f"m{cfg.candidates} exact", False: "noexact"}[cfg.exact]
     text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
     text += (f" {cfg.apply}" if cfg.apply else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
-    return text + (" compact" if cfg.wire == "compact" else "")
+    return text + (" compact" if cfg.wire == "compact" and cfg.exchange != "sketch" else "")
 
 
 def is_shipped(r: dict) -> bool:
-    """Whether record r is gs global at the shipped sizes."""
-    return r.get("scope") == "global" and r.get("label") == label(shipped_settings())
+    """Whether record r is gs global at the shipped sizes (in the wire format it ran with:
+    records from before ``wire`` existed ran with "fp32" pairs)."""
+    shipped = replace(shipped_settings(), wire=r.get("wire_format", "fp32"))
+    return r.get("scope") == "global" and r.get("label") == label(shipped)
 
 
 def is_old(r: dict) -> bool:
@@ -228,7 +230,8 @@ def baseline(key: str, ranks: int, shapes: Shapes, ratio: float) -> Method:
 def gs_method(cfg: GsConfig, ranks: int, shapes: Shapes, ratio: float) -> Method:
     """gs-SGD with ``cfg`` at ``ratio``: the engine's EngineState on every rank."""
     cfg = replace(cfg, ratio=ratio)
-    info = {"method": f"gs {cfg.scope}", **{f: getattr(cfg, f) for f in SETTINGS}, "label": label(cfg)}
+    info = {"method": f"gs {cfg.scope}", **{f: getattr(cfg, f) for f in SETTINGS}, "wire_format": cfg.wire,
+            "label": label(cfg)}
     return Simulated(info, ranks, shapes, lambda comm: EngineState(GsSgd(cfg, TorchOps(), comm), CommStats()))
 
 
@@ -572,14 +575,14 @@ def method_name(r: dict) -> str:
         return r["method"]
     used = r.get("exchange_used", "?")
     text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
-    if r["exchange"] != "auto" and r.get("wire") == "compact":
+    if r["exchange"] != "auto" and r.get("wire_format") == "compact":
         text += " compact"
     if r.get("apply"):
         text += f", apply {r['apply']}"
     elif r["exchange"] == "allgather":
         text += ", its defaults (top-k allgather)"
     sizes = label(replace(shipped_settings(), exchange=r["exchange"], apply=r.get("apply"),
-                          wire=r.get("wire", "fp32")))
+                          wire=r.get("wire_format", "fp32")))
     if r.get("label") != sizes:
         text += f" [{r.get('label')}]"
     return text + (" (layer)" if r.get("scope") == "layer" else "")

@@ -415,6 +415,14 @@ block("wire.P4")(lambda docs: wire_measured(docs, "wire_P4.json"))
 # ---------------------------------------------------------------------------------------------
 # compute (bench_sketch.py, bench_compute.py, bench_step.py)
 
+@block("owner_loads.table")
+def owner_loads(docs: Path) -> str:
+    """``bench_owner_loads.py``'s table from ``docs/owner_loads.json``."""
+    import bench_owner_loads
+
+    return bench_owner_loads.table(load(docs, "owner_loads.json"))
+
+
 @block("kernels.table")
 def kernels(docs: Path) -> str:
     import bench_sketch
