@@ -104,9 +104,9 @@ class ArrayOps(Protocol):
         [0, universe)) and vals (n,) f32, each a compact message with ``low`` low bits
         (:func:`.kernels.pair_format.encode`): (the messages (m,) uint8, the bytes of each (M,) int32)."""
 
-    def unpack_pairs(self, buf: Array, universe: int, low: int) -> tuple[Array, Array, Array]:
-        """(idx (n,) int64, vals (n,) f32, the pairs of each message (M,) int32) of compact
-        messages laid end to end in buf (uint8)."""
+    def unpack_pairs(self, buf: Array, messages: int, universe: int, low: int) -> tuple[Array, Array, Array]:
+        """(idx (n,) int64, vals (n,) f32, the pairs of each message (messages,) int32) of
+        ``messages`` compact messages laid end to end in buf (uint8)."""
 
     def take_sorted(self, keys: Array, vals: Array, x: Array) -> Array:
         """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent."""

@@ -209,10 +209,11 @@ class TfOps:
                                        [idx, vals, counts], [tf.uint8, tf.int32], stateful=False)
         return tf.ensure_shape(buf, [None]), tf.ensure_shape(sizes, counts.shape)
 
-    def unpack_pairs(self, buf: tf.Tensor, universe: int, low: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def unpack_pairs(self, buf: tf.Tensor, messages: int, universe: int,
+                     low: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         idx, vals, counts = tf.numpy_function(lambda b: pair_format.decode(b, universe, low), [buf],
                                               [tf.int64, tf.float32, tf.int32], stateful=False)
-        return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [None])
+        return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [messages])
 
     def take_sorted(self, keys: tf.Tensor, vals: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
         keys = tf.concat([keys, tf.constant([np.iinfo(np.int64).max], tf.int64)], 0)  # a sentinel: never found

@@ -383,9 +383,12 @@ class TorchOps:
                    low: int) -> tuple[torch.Tensor, torch.Tensor]:
         return torch_pairs.encode(idx, vals, counts, universe, low)
 
-    def unpack_pairs(self, buf: torch.Tensor, universe: int, low: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                 torch.Tensor]:
-        return torch_pairs.decode(buf, universe, low)
+    def unpack_pairs(self, buf: torch.Tensor, messages: int, universe: int,
+                     low: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        idx, vals, counts = torch_pairs.decode(buf, universe, low)
+        if len(counts) != messages:
+            raise ValueError(f"expected {messages} compact messages, read {len(counts)}")
+        return idx, vals, counts
 
     def take_sorted(self, keys: torch.Tensor, vals: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if not len(keys):

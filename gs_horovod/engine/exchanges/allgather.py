@@ -45,7 +45,7 @@ class Allgather(Exchange):
         if engine.config.wire == "compact":
             own, low = ops.wire_rounded(ops.take(a, mine)), low_bits(n, plan.total)
             message, _ = ops.pack_pairs(mine, own, ops.count(mine * 0, 1), plan.total, low)  # one message
-            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), plan.total, low)
+            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), P, plan.total, low)
         else:
             own = None
             idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),

@@ -86,7 +86,7 @@ class Sparse(Exchange):
             low = self.routed_low(plan)
             message, splits = ops.pack_pairs(routed, routed_vals, ops.count(owner, comm.size), plan.total, low)
             received, _ = comm.alltoall(message, splits, "gs_horovod.sparse")
-            idx, vals, counts = ops.unpack_pairs(received, plan.total, low)
+            idx, vals, counts = ops.unpack_pairs(received, comm.size, plan.total, low)
             routed_bytes = ops.size_of(message)
         else:
             received, got = comm.alltoall(ops.pairs(routed, routed_vals), ops.count(owner, comm.size) * 2,
@@ -116,7 +116,7 @@ class Sparse(Exchange):
             one = ops.count(chosen * 0, 1)  # (1,): every chosen pair in one message
             message, _ = ops.pack_pairs(chosen, chosen_sums, one, plan.total, low)
             out_idx, out_vals, _ = ops.unpack_pairs(comm.allgather(message, "gs_horovod.sparse.selected"),
-                                                    plan.total, low)
+                                                    comm.size, plan.total, low)
             gathered_bytes = ops.size_of(message)
         else:
             out_idx, out_vals = ops.unpairs(ops.reshape(comm.allgather(ops.pairs(chosen, chosen_sums),
