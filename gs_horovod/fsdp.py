@@ -1,7 +1,7 @@
 """gs-SGD across the replicas of FSDP2 shards (HSDP layouts): the engine
 (:mod:`gs_horovod.engine`) where FSDP's cross-replica all-reduce would be dense.
 
-    mesh = init_device_mesh("cuda", (R, S), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh("cpu", (R, S), mesh_dim_names=("replicate", "shard"))   # "cuda": untested
     for block in model.blocks:
         fully_shard(block, mesh=mesh["shard"])              # shard within a node (1-D mesh)
     fully_shard(model, mesh=mesh["shard"])
@@ -225,9 +225,10 @@ class GsFsdpState(CheckpointApi):
 
     def _step(self, accumulating: list[str]) -> None:
         """Flags, checks, one engine step over every local shard gradient, outcome, write-back."""
+        stale, self._stale = sorted(self._stale), set()  # this step reports them, whether it raises or not
         if self._out_of_step:  # its state_dict() met the others' flags: they have raised already
             raise RuntimeError(self._out_of_step)
-        flags = torch.full((1,), self.step_flag(), dtype=torch.float32, device=self.comm.device)
+        flags = torch.full((1,), self.step_flag(), dtype=torch.float32, device=self._world.device)
         dist.all_reduce(flags)
         self.agree(float(flags[0]))
         layout_differs = False
@@ -235,7 +236,6 @@ class GsFsdpState(CheckpointApi):
             layout_differs = self._check_options_and_layout()
         grads, local = self._local_grads()
         nonfinite = torch.stack([~torch.isfinite(g).all() for g in grads.values()]).to(torch.float32)
-        stale, self._stale = sorted(self._stale), set()
         checks = torch.tensor([float(nonfinite.any()), float(bool(stale)), float(bool(accumulating)),
                                float(layout_differs)], device=self._world.device)
         dist.all_reduce(checks)
@@ -245,6 +245,7 @@ class GsFsdpState(CheckpointApi):
                              f"found so; this rank holds shard {self.coordinate[1]} of {self.mesh[1]} with replicate "
                              f"ranks {self._replicate_ranks}): pass mesh.get_group('replicate') of the mesh whose "
                              "'shard' dimension fully_shard was given")
+        self._checked = True
         if counts[1]:
             here = f" (here: {', '.join(map(repr, stale))})" if stale else ""
             raise RuntimeError(f"{OWNER}: on {counts[1]:g} rank(s) FSDP added this backward's gradient to a .grad that "
@@ -262,9 +263,9 @@ class GsFsdpState(CheckpointApi):
         self.comm.traffic.end_step()
 
     def _check_options_and_layout(self) -> bool:
-        """At the first step: the options and mesh compared over every rank (ValueError on every
-        rank if they differ) and whether this rank's replicate group holds one shard (an
-        all-gather of (digest, shard index)); returns whether it does not."""
+        """Until a step passed its checks: the options and mesh compared over every rank
+        (ValueError on every rank if they differ) and whether this rank's replicate group holds
+        one shard (an all-gather of (digest, shard index)); returns whether it does not."""
         digest = zlib.crc32(repr((self.config, HASH_VERSION, self.mesh)).encode())
         mine = torch.tensor([digest, self.coordinate[1]], dtype=torch.int64, device=self._world.device)
         every = [torch.empty_like(mine) for _ in range(self._world.size)]
@@ -274,7 +275,6 @@ class GsFsdpState(CheckpointApi):
             raise ValueError("GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank, "
                              f"and the mesh): this rank has {self.config} with hash version {HASH_VERSION} on a "
                              f"{self.mesh[0]} × {self.mesh[1]} mesh")
-        self._checked = True
         return any(every[r][1] != self.coordinate[1] for r in self._replicate_ranks)
 
     def _local_grads(self) -> tuple[dict[str, torch.Tensor], dict[str, Optional[torch.Tensor]]]:
