@@ -158,6 +158,20 @@ def test_refusals_raise_on_every_rank(jobs):
                                             "shards")
 
 
+def test_rank0_alone_saving_raises_there_within_the_timeout_then_every_rank_raises(jobs):
+    ranks = jobs["2x2"]
+    error = ranks[0]["alone_save_error"]
+    assert error.startswith("RuntimeError: GsFsdpState.state_dict() is a collective: every rank calls it at the "
+                            "same point, but not every rank called it within checkpoint_timeout=3 s")
+    assert 3.0 <= ranks[0]["alone_save_seconds"] < 30
+    assert "GsFsdpState.state_dict() is a collective" in ranks[0]["next_step_error"]
+    for r in ranks[1:]:
+        assert "alone_save_error" not in r
+        assert r["next_step_error"] == ("RuntimeError: GsFsdpState: another rank called state_dict() alone and is out "
+                                        "of step with this one (state_dict() is a collective: call it on every rank "
+                                        "at the same point)")
+
+
 def test_a_rank_killed_mid_step_under_torchrun_ends_the_job(tmp_path):
     """Rank 3 of 2 × 2 SIGKILLs itself inside its third step; torchrun's agent stops the others."""
     cmd = [*torchrun_command(4), sys.executable, str(WORKERS / "fsdp_scenarios.py"), str(tmp_path), "killed"]

@@ -13,6 +13,7 @@ import hashlib
 import os
 import signal
 import sys
+import time
 from typing import Any, Callable, Optional
 
 import torch
@@ -29,6 +30,7 @@ EXACT = dict(ratio=1.0, min_size=1)  # k = D under the allgather with its whole 
 SPARSE = dict(ratio=0.05, exchange="allgather", apply="all", min_size=1)  # top-k allgather, recomputable
 OPTIONS = dict(ratio=0.05, min_size=64)
 STEPS = 3
+ALONE_TIMEOUT = 3.0  # checkpoint_timeout of the state whose state_dict() rank 0 calls alone
 
 
 class Poison(torch.autograd.Function):
@@ -254,7 +256,8 @@ def nonfinite(out: dict, mesh: DeviceMesh, rank: int) -> None:
 
 def refusals(out: dict, mesh: DeviceMesh, rank: int) -> None:
     """Options that differ across ranks; a .grad not zeroed between updates; modules that
-    disagree on set_requires_all_reduce: each raises on every rank."""
+    disagree on set_requires_all_reduce; a replicate group across shards: each raises on every
+    rank. Rank 0 calling state_dict() alone raises there, and the next step on every rank."""
     model = shard(mlp(7), mesh["shard"])
     gs(model, mesh, **OPTIONS, seed=rank)
     out["mismatch_seed_error"] = caught(lambda: train(model, range(1), rank))
@@ -274,6 +277,14 @@ def refusals(out: dict, mesh: DeviceMesh, rank: int) -> None:
     model = shard(mlp(7), mesh["shard"])
     register_fsdp_hooks(model, GsFsdpState(crossed[0 if rank in (0, 3) else 1], model=model, **OPTIONS))
     out["layout_error"] = caught(lambda: train(model, range(1), rank))
+    model = shard(mlp(7), mesh["shard"])
+    state = gs(model, mesh, **OPTIONS, checkpoint_timeout=ALONE_TIMEOUT)
+    train(model, range(2), rank)
+    if rank == 0:  # the others go on into the next step: rank 1 waits for it in FSDP's all-gather
+        start = time.monotonic()
+        out["alone_save_error"] = caught(state.state_dict)
+        out["alone_save_seconds"] = time.monotonic() - start
+    out["next_step_error"] = caught(lambda: train(model, range(2, 3), rank))
 
 
 def scenarios(label: str, rank: int, out_dir: str) -> dict:
