@@ -225,6 +225,26 @@ def test_train_tf_one_epoch(tmp_path: Path) -> None:
     assert any(line.startswith("summary (2 ranks, --compression gs)") for line in lines)
 
 
+@pytest.mark.parametrize("compression", ["gs", "none"])
+def test_train_fsdp_one_epoch(tmp_path: Path, compression: str) -> None:
+    """``torchrun --nproc_per_node 4 train_fsdp.py --epochs 1 --json F`` (2 replicas × 2 shards;
+    GsFsdpState, or plain HSDP): a held-out accuracy; gs hands the replicate group fewer bytes than
+    the shard's, plain HSDP's all-reduce exactly the shard's (its layers shard evenly)."""
+    out = tmp_path / "history.json"
+    lines = run_script("examples/train_fsdp.py", "--epochs", "1", "--hidden", "32", "--json", str(out),
+                       "--compression", compression, launcher=torchrun_command(4)).splitlines()
+    result = json.loads(out.read_text())
+    (epoch,) = result["history"]
+    assert result["ranks"] == 4 and 0 <= epoch["accuracy"] <= 1 and math.isfinite(epoch["loss"])
+    if compression == "gs":
+        assert 0 < epoch["bytes_per_step"] < result["dense_bytes_per_step"]
+        assert any(line.startswith("  engine payload      ") for line in lines)
+    else:
+        assert epoch["bytes_per_step"] == result["dense_bytes_per_step"]
+    assert any(line.startswith(f"summary (4 ranks, --compression {compression})") for line in lines)
+    assert "  mesh                2 replicas × 2 shards; dense = this rank's shard, " in lines[-2] + lines[-1]
+
+
 @pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
 def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
     """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM (and the same under

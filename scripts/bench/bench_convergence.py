@@ -6,6 +6,7 @@ seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or 
     python scripts/bench/bench_convergence.py --model lm --hidden 512 --out-dir docs
     python scripts/bench/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
     python scripts/bench/bench_convergence.py --launcher torchrun --ranks 2 --out-dir docs   # DDP hooks
+    python scripts/bench/bench_convergence.py --launcher fsdp --ranks 4 --replicas 2 --out-dir docs   # HSDP 2 × 2
     python scripts/bench/bench_convergence.py --simulated-ranks 16 --out-dir docs      # 16 ranks in one process
     python scripts/bench/bench_convergence.py --simulated-ranks 16 --quick              # ends gs_vs_best ...
 
@@ -14,7 +15,10 @@ writes ``convergence_<model>.json``, ``convergence_<model>.png`` and Markdown ta
 half the range over seeds) to stdout. A run that fails is reported and left out, the others go on.
 ``--launcher torchrun`` runs the model's script under ``torchrun`` instead: DistributedDataParallel
 with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
-hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--simulated-ranks P``
+hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--launcher fsdp`` runs
+``scripts/examples/train_fsdp.py`` (the CNN) under ``torchrun`` on an R × S mesh (``--replicas R``,
+S = RANKS / R): ``gs`` is GsFsdpState across the replicas, ``dense`` plain HSDP
+(:data:`FSDP_LABELS`), into ``convergence_cnn_fsdp<R>x<S>.*``. ``--simulated-ranks P``
 runs each script with ``--simulated-ranks P`` instead (P ranks in one process: the engine and
 the baselines on simulated collectives, :class:`gs_bench.cli.SimulatedTrainingRanks`),
 into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch 8 per rank,
@@ -70,6 +74,8 @@ DEFAULT_METHODS = ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", 
 UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r4")  # k does not apply: one run per seed
 DDP_LABELS = ["dense", "fp16", "gs", "gs layer", "powersgd r1", "powersgd r4"]  # what runs as a DDP hook
 DDP_DEFAULT = ["dense", "fp16", "gs", "powersgd r1", "powersgd r4"]
+FSDP_LABELS = ["dense", "gs"]  # under --launcher fsdp: plain HSDP, GsFsdpState
+FSDP_SCRIPT = "scripts/examples/train_fsdp.py"
 # model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
     "cnn": ("MNIST-5k CNN", "scripts/examples/train_torch.py", ["--model", "cnn"], "accuracy"),
@@ -146,9 +152,12 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
         out = os.path.join(tmp, "h.json")
         launcher = os.path.join(os.path.dirname(sys.executable), args.launcher)
         _, script, model, _ = WORKLOADS[args.model]
+        if args.launcher == "fsdp":
+            script, model = FSDP_SCRIPT, ["--replicas", str(args.replicas)]
+            launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
         if args.simulated_ranks:
             start = []
-        elif args.launcher == "torchrun":
+        elif args.launcher in ("torchrun", "fsdp"):
             start = [launcher, "--standalone", "--nproc_per_node", str(args.ranks), "--no-python"]
         else:
             start = [launcher, "-np", str(args.ranks), "-H", f"localhost:{args.ranks}", "--gloo",
@@ -346,8 +355,10 @@ def main() -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke subset: {QUICK['methods']}, ratio {QUICK['ratios']}, seed {QUICK['seeds']}, "
                         f"{QUICK['epochs']} epoch, {QUICK['ranks']} ranks, the {QUICK['model']}")
-    p.add_argument("--launcher", choices=["horovodrun", "torchrun"], default="horovodrun",
-                   help=f"torchrun: DDP with a communication hook per method ({DDP_LABELS})")
+    p.add_argument("--launcher", choices=["horovodrun", "torchrun", "fsdp"], default="horovodrun",
+                   help=f"torchrun: DDP with a communication hook per method ({DDP_LABELS}); fsdp: FSDP2 on an "
+                        f"R x S mesh under torchrun, the CNN ({FSDP_LABELS})")
+    p.add_argument("--replicas", type=int, default=2, help="--launcher fsdp: R (S = --ranks / R)")
     p.add_argument("--out-dir", default="docs")
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
@@ -360,18 +371,25 @@ def main() -> None:
         args.methods, args.ratios, args.seeds, args.epochs, args.ranks, args.model = (
             QUICK["methods"], QUICK["ratios"], QUICK["seeds"], QUICK["epochs"], QUICK["ranks"], QUICK["model"])
     if not args.methods:
-        args.methods = DDP_DEFAULT if args.launcher == "torchrun" else DEFAULT_METHODS
-    known = SIMULATED if args.simulated_ranks else DDP_LABELS if args.launcher == "torchrun" else list(METHODS)
+        args.methods = {"torchrun": DDP_DEFAULT, "fsdp": FSDP_LABELS}.get(args.launcher, DEFAULT_METHODS)
+    if args.launcher == "fsdp" and (args.simulated_ranks or args.model != "cnn" or args.ranks % args.replicas):
+        p.error("--launcher fsdp trains the cnn on real ranks, --replicas dividing --ranks")
+    known = (SIMULATED if args.simulated_ranks else DDP_LABELS if args.launcher == "torchrun"
+             else FSDP_LABELS if args.launcher == "fsdp" else list(METHODS))
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         p.error(f"unknown methods {unknown} for --launcher {args.launcher}; known: {known}")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"convergence_{args.model}" + (f"_sim{args.simulated_ranks}" if args.simulated_ranks else
-                                          f"_ddp{args.ranks}" if args.launcher == "torchrun" else "")
+                                          f"_ddp{args.ranks}" if args.launcher == "torchrun" else
+                                          f"_fsdp{args.replicas}x{args.ranks // args.replicas}"
+                                          if args.launcher == "fsdp" else "")
     data = out / f"{stem}.json"
     name, _, _, metric = WORKLOADS[args.model]
-    via = ", DDP hooks (torchrun)" if args.launcher == "torchrun" and not args.simulated_ranks else ""
+    via = {"torchrun": ", DDP hooks (torchrun)",
+           "fsdp": f", FSDP2 {args.replicas} replicas × {args.ranks // args.replicas} shards (torchrun)"}.get(
+        "" if args.simulated_ranks else args.launcher, "")
     ranks = f"{args.simulated_ranks} simulated ranks" if args.simulated_ranks else f"{args.ranks} ranks"
     title = f"{name}, {ranks}{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:

@@ -115,7 +115,8 @@ for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "cnn_ddp2": "convergence_cnn_ddp2.json", "cnn_sim4": "convergence_cnn_sim4.json",
                      "cnn_sim16": "convergence_cnn_sim16.json",
                      "lm_sim16": "convergence_lm_sim16.json",
-                     "cnn_sim64": "convergence_cnn_sim64.json"}.items():
+                     "cnn_sim64": "convergence_cnn_sim64.json",
+                     "cnn_fsdp2x2": "convergence_cnn_fsdp2x2.json"}.items():
     block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
