@@ -26,8 +26,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
 
-EXACT = dict(ratio=1.0, min_size=1)  # k = D under the allgather with its whole union: the exact mean
-SPARSE = dict(ratio=0.05, exchange="allgather", apply="all", min_size=1)  # top-k allgather, recomputable
+# k = D under the allgather with its whole union and exact pairs: the exact mean
+EXACT = dict(ratio=1.0, min_size=1, wire="fp32")
+SPARSE = dict(ratio=0.05, exchange="allgather", apply="all", min_size=1, wire="fp32")  # top-k allgather, recomputable
 OPTIONS = dict(ratio=0.05, min_size=64)
 STEPS = 3
 ALONE_TIMEOUT = 3.0  # checkpoint_timeout of the state whose state_dict() rank 0 calls alone
