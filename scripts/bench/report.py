@@ -436,9 +436,16 @@ for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.ful
 
 @block("step.table")
 def step_table(docs: Path) -> str:
+    """``bench_step.py``'s table from ``docs/bench_step.json``: one median per cell (the first
+    format: one run), or median [min–max] over repeats per thread setting (``format`` 2,
+    ``bench_step.table``)."""
     d = load(docs, "bench_step.json")
-    lines = [f"{d['ranks']} ranks, ratio {d['ratio']}, median of {d['steps']} steps (seconds per opt.step())", "",
-             "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
+    if d.get("format") == 2:
+        import bench_step
+
+        return bench_step.table(d)
+    lines = [f"{d['ranks']} ranks, ratio {d['ratio']}, one run: median of {d['steps']} steps (seconds per opt.step())",
+             "", "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
              "|---|---|---|---|---|---|---|"]
     for name, r in d["rows"].items():
         lines.append(f"| {name} | {r['tensors']} | {r['params']:,} | {r['dense']:.4f} | {r['gs']:.4f} "
