@@ -197,6 +197,24 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert "| 4 | gTop-k (global) | " in table
 
 
+def test_bench_recovery_rule(tmp_path: Path) -> None:
+    """``bench_recovery.py --run d --grid rule --seeds 0 1`` (the CNN, 2 steps, P = 2): the two
+    exchanges "auto" chooses between, once per seed, each record saying what "auto" picks; the
+    seeds start differently; ``--rule`` tabulates the union against the sparse exchange."""
+    records = tmp_path / "rule.jsonl"
+    run_script("bench/bench_recovery.py", "--run", "d", "--ranks", "2", "--ratios", "0.001", "--steps", "2",
+               "--grid", "rule", "--baselines", "none", "--seeds", "0", "1", "--threads", "1", "--out", str(records))
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(r.get("seed", 0), r["exchange"]) for r in rows] == [(0, "sparse"), (0, "allgather"), (1, "sparse"),
+                                                                 (1, "allgather")]
+    assert all(r["task"] == "MNIST-5k CNN" and r["auto_picks"] == "allgather" for r in rows)
+    assert rows[0]["loss"] != rows[2]["loss"]  # other weights and micro-batches
+    table = run_script("bench/bench_recovery.py", "--rule", str(records))
+    union, sparse = rows[1], rows[0]
+    assert "| MNIST-5k CNN | 0.001 | 2 | 2 | " in table and "| allgather |" in table
+    assert f"{union['wire'] / sparse['wire']:.2f}" in table
+
+
 @pytest.mark.parametrize("launcher, compression", [("run_demo.sh", "gs"), ("run_demo.sh --launcher torchrun", "gs"),
                                                    ("torchrun", "powersgd"), ("horovodrun --mpi --merge mpi", "gs")])
 def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> None:
