@@ -160,7 +160,8 @@ def targets_of(pairs: list[str]) -> dict[str, float]:
 
 def table(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table."""
-    lines = ["| workload | P | link | method | bytes/step/rank | reached target | seconds to target |",
+    lines = ["| workload | P | link | method | bytes/step/rank | reached target | seconds to target (mean ± std over "
+             "the repeats that reached it) |",
              "|---|---|---|---|---|---|---|"]
     for s in summary:
         metric = WORKLOADS[s["workload"]][2]
