@@ -44,6 +44,26 @@ def plant(root: Path, text: str) -> list[str]:
     return check_docs.check(root, ["docs/planted.md"])
 
 
+def test_a_copy_of_a_doc_with_drift_planted_fails_naming_it(copy: Path) -> None:
+    """docs/reliability.md as it is passes; a copy with a stale command and a renamed test
+    planted fails, naming exactly those two lines."""
+    original = (ROOT / "docs" / "reliability.md").read_text()
+    (copy / "docs" / "reliability.md").write_text(original)
+    assert check_docs.check(copy, ["docs/reliability.md"]) == []
+    planted = original.replace(
+        "soak.py --steps 5000 --out docs/soak.json", "soak.py --steps 5000 --every-step --out docs/soak.json").replace(
+        "`tests/test_checkpoints.py::test_wrong_world_size_fails_on_rank0_at_load`",
+        "`tests/test_checkpoints.py::test_wrong_world_size_fails_at_load`")
+    assert planted != original
+    (copy / "docs" / "reliability.md").write_text(planted)
+    problems = check_docs.check(copy, ["docs/reliability.md"])
+    lines = {n for n, text in enumerate(planted.splitlines(), 1) if "--every-step" in text or "fails_at_load`" in text}
+    assert len(problems) == 2 and {int(p.split(":")[1]) for p in problems} == lines, problems
+    assert any("unrecognized arguments: --every-step" in p for p in problems)
+    assert any("tests/test_checkpoints.py::test_wrong_world_size_fails_at_load, which tests/test_checkpoints.py "
+               "does not define" in p for p in problems)
+
+
 def test_a_stale_command_is_named(copy: Path) -> None:
     """An unknown method, an unknown flag and an unknown choice each fail the script's own parser;
     the documented commands around them pass."""
