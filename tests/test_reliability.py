@@ -83,7 +83,7 @@ def test_a_killed_rank_ends_the_job_promptly_without_orphans(controller):
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert proc.stdout.count("reached step 5") == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    # startup (~8 s) plus teardown; measured 10-13 s here (docs/reliability.md)
+    # start-up plus teardown, with room for a loaded machine
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
     time.sleep(1)
     left = subprocess.run(["pgrep", "-f", "rank_death.py"], capture_output=True, text=True).stdout.split()

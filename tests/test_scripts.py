@@ -112,17 +112,30 @@ def test_soak(tmp_path: Path) -> None:
 
 
 def test_bench_step(tmp_path: Path) -> None:
-    """``horovodrun -np 2 ... bench_step.py --out F`` (1 timed step): dense, gs and the one-float
-    compressor timed on the three models, the table on rank 0 and the medians in F."""
+    """``horovodrun -np 2 ... bench_step.py --out F`` (1 timed step, 2 repeats, both thread
+    settings; a smoke test, not a timing): dense, gs and the one-float compressor timed on the
+    three models per repeat and thread setting, the counts in force recorded, the table on rank 0
+    and in ``report.py``'s block."""
     out = tmp_path / "step.json"
-    stdout = run_script("bench/bench_step.py", "--steps", "1", "--warmup", "1", "--out", str(out),
+    stdout = run_script("bench/bench_step.py", "--steps", "1", "--warmup", "1", "--repeats", "2", "--out", str(out),
                         launcher=horovodrun_command(2, "gloo"))
     result = json.loads(out.read_text())
-    assert result["ranks"] == 2 and result["steps"] == 1
+    assert (result["format"], result["ranks"], result["steps"], result["repeats"]) == (2, 2, 1, 2)
     assert set(result["rows"]) == {"one 5M tensor", "MNIST CNN", "LSTM LM h512"}
     assert result["rows"]["one 5M tensor"]["params"] == 5_000_000
-    assert all(r[c] > 0 for r in result["rows"].values() for c in ("dense", "gs", "one float"))
-    assert sum(line.startswith("| one 5M tensor | 1 | 5,000,000 |") for line in rank0_lines(stdout)) == 1
+    assert set(result["threads"]) == {"default", "one"}
+    assert result["threads"]["one"]["torch"] == result["threads"]["one"]["numba"] == 1
+    assert result["threads"]["default"]["local_size"] == 2
+    assert result["threads"]["default"]["numba"] <= max(1, result["threads"]["default"]["cores"] // 2)
+    for row in result["rows"].values():
+        assert all(len(ts) == 2 and min(ts) > 0 for by in row["times"].values() for ts in by.values())
+    lines = rank0_lines(stdout)
+    assert sum(line.startswith("| one 5M tensor | 1 | 5,000,000 |") for line in lines) == 2
+    sys.path.insert(0, str(SCRIPTS / "bench"))
+    import report
+
+    (tmp_path / "bench_step.json").write_text(out.read_text())
+    assert "threads 'one' (torch 1, Numba 1)" in report.step_table(tmp_path)
 
 
 def test_bench_sketch_quick(tmp_path: Path) -> None:
@@ -182,6 +195,24 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     table = markdown.read_text()
     assert "| 4 | gs defaults (auto → allgather) | " in table and "| 4 | gs sparse | " in table
     assert "| 4 | gTop-k (global) | " in table
+
+
+def test_bench_recovery_rule(tmp_path: Path) -> None:
+    """``bench_recovery.py --run d --grid rule --seeds 0 1`` (the CNN, 2 steps, P = 2): the two
+    exchanges "auto" chooses between, once per seed, each record saying what "auto" picks; the
+    seeds start differently; ``--rule`` tabulates the union against the sparse exchange."""
+    records = tmp_path / "rule.jsonl"
+    run_script("bench/bench_recovery.py", "--run", "d", "--ranks", "2", "--ratios", "0.001", "--steps", "2",
+               "--grid", "rule", "--baselines", "none", "--seeds", "0", "1", "--threads", "1", "--out", str(records))
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(r.get("seed", 0), r["exchange"]) for r in rows] == [(0, "sparse"), (0, "allgather"), (1, "sparse"),
+                                                                 (1, "allgather")]
+    assert all(r["task"] == "MNIST-5k CNN" and r["auto_picks"] == "allgather" for r in rows)
+    assert rows[0]["loss"] != rows[2]["loss"]  # other weights and micro-batches
+    table = run_script("bench/bench_recovery.py", "--rule", str(records))
+    union, sparse = rows[1], rows[0]
+    assert "| MNIST-5k CNN | 0.001 | 2 | 2 | " in table and "| allgather |" in table
+    assert f"{union['wire'] / sparse['wire']:.2f}" in table
 
 
 @pytest.mark.parametrize("launcher, compression", [("run_demo.sh", "gs"), ("run_demo.sh --launcher torchrun", "gs"),

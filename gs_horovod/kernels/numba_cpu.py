@@ -13,8 +13,9 @@ Arrays are NumPy (torch CPU tensors are passed as zero-copy ``.numpy()`` views);
 - ``top_abs``: radix select on the float bits, then one collect pass; exact under the same order.
 
 Unless ``NUMBA_THREADING_LAYER`` is set, this module selects Numba's ``workqueue`` layer:
-OpenMP's spinning workers beside torch's own OpenMP pool made a 2-rank demo on 2 cores about
-5× slower (48.9 s against 10.5 s for ``scripts/examples/train_torch.py --epochs 30``).
+OpenMP's spinning workers beside torch's own OpenMP pool made a 2-rank demo on 2 cores several
+times slower (that run was not recorded). How many threads the kernels use:
+:mod:`gs_horovod.threads`.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from .. import threads
 from . import BACKENDS, torch_pairs
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, first_threshold_rank, to_int64
 
@@ -114,11 +115,9 @@ def torch_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, coun
 
 
 def _numba_threads() -> None:
-    """Numba's CPU kernels use as many threads as torch's intra-op pool (``torch.set_num_threads``),
-    so ranks sharing a host are not oversubscribed by Numba's default of one thread per core."""
-    import numba
-
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+    """Numba's CPU kernels use the node's cores shared among its ranks, or the count the user set
+    (:func:`gs_horovod.threads.kernel_threads`, decided at the first kernel call)."""
+    threads.numba_threads()
 
 
 def _numba_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:

@@ -110,7 +110,8 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[4, 16])
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
@@ -118,7 +119,12 @@ def main() -> None:
     p.add_argument("--scale", type=int, default=1, help="divide every matrix's rows by this (smaller D)")
     p.add_argument("--quick", action="store_true", help="P = 4, k = D/1000, one timed step")
     p.add_argument("--out", help="write the rows as JSON here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.quick:
         args.ranks, args.ratios, args.steps = [4], [0.001], 1
     shapes = [(a // args.scale, b) for a, b in SHAPES]

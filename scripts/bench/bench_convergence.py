@@ -337,7 +337,8 @@ def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str
     return last / within[key].value, sent / within[key].mb, key, peers
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=list(WORKLOADS), default="cnn")
     p.add_argument("--ranks", type=int, default=4)
@@ -362,7 +363,7 @@ def main() -> None:
     p.add_argument("--out-dir", default="docs")
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.quick and args.simulated_ranks:
         q = QUICK_SIMULATED
         args.methods, args.ratios, args.seeds, args.epochs, args.model, args.batch_size = (
@@ -379,12 +380,29 @@ def main() -> None:
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         p.error(f"unknown methods {unknown} for --launcher {args.launcher}; known: {known}")
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"convergence_{args.model}" + (f"_sim{args.simulated_ranks}" if args.simulated_ranks else
+    return args
+
+
+def stem_of(args: argparse.Namespace) -> str:
+    """The name (without suffix) of the run's data file and plot in ``--out-dir``."""
+    return f"convergence_{args.model}" + (f"_sim{args.simulated_ranks}" if args.simulated_ranks else
                                           f"_ddp{args.ranks}" if args.launcher == "torchrun" else
                                           f"_fsdp{args.replicas}x{args.ranks // args.replicas}"
                                           if args.launcher == "fsdp" else "")
+
+
+def outputs(args: argparse.Namespace) -> list[Path]:
+    """The files the command writes: the data file (not with ``--plot-only``, which reads it) and
+    the plot (``scripts/check_docs.py`` checks that no documented command overwrites a record)."""
+    out, stem = Path(args.out_dir), stem_of(args)
+    return ([] if args.plot_only else [out / f"{stem}.json"]) + [out / f"{stem}.png"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = stem_of(args)
     data = out / f"{stem}.json"
     name, _, _, metric = WORKLOADS[args.model]
     via = {"torchrun": ", DDP hooks (torchrun)",

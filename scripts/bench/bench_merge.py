@@ -59,12 +59,18 @@ def measure(nbytes: int, comm: MPI.Comm, flat: Communicators, node: Communicator
     return row
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--quick", action="store_true", help="the two smallest buffers, 3 timed calls each")
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     sizes = SIZES[:2] if args.quick else SIZES
     if args.quick:
         args.reps = 3

@@ -5,6 +5,9 @@ gs-SGD engine and baselines on P ranks simulated in one process, over real train
     python scripts/bench/bench_recovery.py --run a --ranks 16 --out R.jsonl    # one part of the full study
     python scripts/bench/bench_recovery.py --report R.jsonl --plot docs/recovery.png
     python scripts/bench/bench_recovery.py --report R.jsonl --markdown T.md    # + the per-exchange table
+    python scripts/bench/bench_recovery.py --run b,d --ranks 2,4,8,16 --ratios 0.001 --steps 20 \
+        --grid rule --baselines none --seeds 0 1 2 --out docs/recovery_rule.jsonl  # exchange="auto"'s rule
+    python scripts/bench/bench_recovery.py --rule docs/recovery_rule.jsonl           # its table
 
 The study and the choice of the shipped sizes: docs/design.md ("Recovery").
 
@@ -33,17 +36,23 @@ really sent and received; ``wire_over_even`` is the record's wire bytes over wha
 would have put through a rank (``worst_over_even``: the worst single collective's).
 
 Tasks: (a) the MLP 64-256-128-10 (D = 50,432 compressed weights), (b) 64-1536-768-10
-(D = 1,287,168), both on scikit-learn's digits, each rank's gradient from its own micro-batch
-of ``--batch`` images; every method trains its own copy from the same start on the same
-micro-batches (SGD lr 0.05, momentum 0.9, on the averaged update); (c) planted heavy-tailed
-vectors, no training (dense, the reference and PowerSGD skipped).
+(D = 1,287,168), both on scikit-learn's digits, (d) the MNIST-5k CNN of the demo
+(``gs_bench.workloads.MnistCNN``, D = 823,808 compressed weights) on the 4,000 training images
+of MNIST-5k; each rank's gradient from its own micro-batch of ``--batch`` images; every method
+trains its own copy from the same start on the same micro-batches (SGD lr 0.05, momentum 0.9,
+on the averaged update); (c) planted heavy-tailed vectors, no training (dense, the reference
+and PowerSGD skipped). ``--seeds`` repeats a run with other initial weights and micro-batches
+(seed 0 is the start every earlier record used); a record carries its ``seed``.
 
 gs settings (``--grid``): ``exchanges`` is the defaults (``GsConfig()`` with the ratio:
 exchange "auto", which resolves to the allgather at P ≤ 2 and the sparse exchange above; the
 record's ``exchange_used`` says which), then each exchange forced at the shipped sizes:
 "sparse", "allgather" applying the top k, "allgather" at its own defaults (no exact round, the
-union applied: top-k allgather in the engine) and "sketch" (the paper's Count-Sketch). The sketch-size grids force
-"sketch".
+union applied: top-k allgather in the engine) and "sketch" (the paper's Count-Sketch). ``rule``
+is the two exchanges ``exchange="auto"`` chooses between: "sparse" and "allgather" at its own
+defaults (the union applied); every gs record says in ``auto_picks`` which of them "auto" takes
+for that model at that P. ``--rule`` tabulates them: per (task, P), the union's mass and wire
+bytes over the sparse exchange's, over the seeds. The sketch-size grids force "sketch".
 
 ``--quick`` is (b) at P = 16 (``--ranks`` changes it), ratio 0.001 (k = 1,288; (a) would
 have k = 51), 20 steps, every baseline and the 5 gs settings of ``gs_grid("exchanges")``:
@@ -67,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from gs_bench.methods import METHODS
-from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, count_for
+from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan, count_for
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
 from gs_horovod.transports.wire import wire_bytes
@@ -240,7 +249,8 @@ def gs_method(cfg: GsConfig, ranks: int, shapes: Shapes, ratio: float) -> Method
 class DigitsTask:
     """The digits MLP 64-h-h/2-10 (``gs_bench.workloads.digits_mlp``) on the 1,437
     training images of ``digits_shard``; rank r's micro-batch at a step is the r-th run of
-    ``batch`` images of a permutation seeded by the step (the same for every method).
+    ``batch`` images of a permutation seeded by the step and ``seed`` (the same for every
+    method); the initial weights are seeded by ``seed``.
 
     Every task has ``shapes`` (name → shape), ``new_model()`` (a fresh copy, the same weights
     every time), ``grads(step)`` → (name → (P, d) f32, mean loss) and ``apply(updates)`` (an SGD
@@ -248,20 +258,26 @@ class DigitsTask:
 
     trains = True
 
-    def __init__(self, name: str, hidden: int, ranks: int, batch: int) -> None:
-        from gs_bench.workloads import digits_shard
-
-        self.name, self.hidden, self.ranks, self.batch = name, hidden, ranks, batch
-        x, y, _, _ = digits_shard(0, 1)
-        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+    def __init__(self, name: str, hidden: int, ranks: int, batch: int, seed: int = 0) -> None:
+        self.name, self.hidden, self.ranks, self.batch, self.seed = name, hidden, ranks, batch, seed
+        self.x, self.y = self.data()
         self.new_model()
         self.shapes = {n: tuple(p.shape) for n, p in self.params.items()}
 
-    def new_model(self) -> None:
-        torch.manual_seed(SEED)
+    def data(self) -> tuple[Tensor, Tensor]:
+        from gs_bench.workloads import digits_shard
+
+        x, y, _, _ = digits_shard(0, 1)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def make_model(self) -> torch.nn.Module:
         from gs_bench.workloads import digits_mlp
 
-        self.model = digits_mlp(self.hidden)
+        return digits_mlp(self.hidden)
+
+    def new_model(self) -> None:
+        torch.manual_seed(SEED + self.seed)
+        self.model = self.make_model()
         self.params = dict(self.model.named_parameters())
         self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=MOMENTUM)
 
@@ -269,9 +285,9 @@ class DigitsTask:
         from torch.func import functional_call, grad_and_value, vmap
 
         need = self.ranks * self.batch
-        g = torch.Generator().manual_seed(1000 + step)
+        g = torch.Generator().manual_seed(1000 + step + 1_000_000 * self.seed)
         order = torch.cat([torch.randperm(len(self.x), generator=g) for _ in range(math.ceil(need / len(self.x)))])
-        xb = self.x[order[:need]].view(self.ranks, self.batch, -1)
+        xb = self.x[order[:need]].view(self.ranks, self.batch, *self.x.shape[1:])
         yb = self.y[order[:need]].view(self.ranks, self.batch)
 
         def loss(params: dict[str, Tensor], xs: Tensor, ys: Tensor) -> Tensor:
@@ -285,6 +301,25 @@ class DigitsTask:
         for n, p in self.params.items():
             p.grad = updates[n].view_as(p)
         self.opt.step()
+
+
+class CnnTask(DigitsTask):
+    """The MNIST-5k CNN of the demo (``gs_bench.workloads.MnistCNN``, 824,458 parameters) on the
+    4,000 training images of ``mnist5k``, micro-batches and seeds as :class:`DigitsTask`'s."""
+
+    def __init__(self, ranks: int, batch: int, seed: int = 0) -> None:
+        super().__init__("MNIST-5k CNN", 256, ranks, batch, seed)
+
+    def data(self) -> tuple[Tensor, Tensor]:
+        from gs_bench.workloads import mnist5k
+
+        x, y, _, _ = mnist5k(0, 1)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def make_model(self) -> torch.nn.Module:
+        from gs_bench.workloads import MnistCNN
+
+        return MnistCNN(self.hidden)
 
 
 class PlantedTask:
@@ -316,7 +351,7 @@ class PlantedTask:
         pass
 
 
-Task = Union[DigitsTask, PlantedTask]
+Task = Union[DigitsTask, CnnTask, PlantedTask]
 
 
 # ---------------------------------------------------------------- the simulation
@@ -343,13 +378,22 @@ def simulate(task: Task, method: Method, steps: int, ratio: float) -> dict:
         task.apply(updates)
     payload, wire = method.bytes() or (None, None)
     used = [x.plan.exchange for x in getattr(method, "each", []) if isinstance(x, EngineState)][:1]
+    picks = {"auto_picks": auto_picks(task.shapes, ratio, P)} if "rows" in method.info else {}
     traffic = method.group.comms[0].traffic if isinstance(method, Simulated) else None
     uneven = {"wire_over_even": traffic.wire / traffic.even_wire,
               "worst_over_even": traffic.worst_over_even} if traffic is not None and traffic.even_wire else {}
-    return {"task": task.name, "P": P, "ratio": ratio, "steps": steps, **method.info,
-            **({"exchange_used": used[0]} if used else {}), **uneven,
+    seed = {"seed": task.seed} if getattr(task, "seed", 0) else {}
+    return {"task": task.name, "P": P, "ratio": ratio, "steps": steps, **seed, **method.info,
+            **({"exchange_used": used[0]} if used else {}), **picks, **uneven,
             "mass": float(np.mean(masses)), "mass_steps": masses, "loss": losses,
             "wire": wire, "payload": payload, "seconds": time.perf_counter() - t0}
+
+
+def auto_picks(shapes: Shapes, ratio: float, ranks: int) -> str:
+    """The exchange ``exchange="auto"`` (GsConfig's defaults at ``ratio``) takes for tensors of
+    ``shapes`` on ``ranks`` ranks of Horovod's ring allreduces: :meth:`Plan.split`'s rule."""
+    named = [(n, math.prod(s)) for n, s in shapes.items()]
+    return Plan.split(named, GsConfig(ratio=ratio), ranks=ranks).exchange
 
 
 def gs(rows: int, width: float, candidates: int, prefilter: int, dtype: str = "float16",
@@ -370,7 +414,8 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     shipped sizes: "sparse", "allgather" applying the top k, "allgather" at its own defaults
     (top-k allgather) and "sketch"; 'sizing' is the study of issue 20: the sketch forced at
     widths 2–16 and 1, 2 or 4 candidates, the allgather forced at pre-filters 1 and 2, each
-    applying the top k or all fetched values."""
+    applying the top k or all fetched values; 'rule' the two exchanges "auto" chooses between:
+    "sparse" and "allgather" at its own defaults (the union applied)."""
     shipped = shipped_settings()
     if level == "none":
         return
@@ -386,6 +431,10 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
                 yield replace(shipped, exchange="allgather", prefilter=pre, candidates=m, apply=apply)
         for apply in ("topk", "all"):  # "all" without the exact round: top-k allgather in the engine
             yield replace(shipped, exchange="allgather", exact=False, apply=apply)
+    elif level == "rule":
+        yield replace(shipped, exchange="sparse")
+        yield replace(shipped, exchange="allgather")  # its own defaults: no exact round, the union applied
+        return
     elif level == "exchanges":
         yield shipped  # "auto": the allgather at small P, the sparse exchange above
         for wire in ("fp32", "compact"):  # each pair exchange in both wire formats, labelled
@@ -630,7 +679,7 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
     unique: dict[tuple, dict] = {}
     for line in (line for p in paths for line in open(p) if line.strip()):
         r = json.loads(line)
-        unique[(r["task"], r["ratio"], r["P"], r["method"], r.get("label"), r.get("scope"))] = r
+        unique[(r["task"], r["ratio"], r["P"], r.get("seed", 0), r["method"], r.get("label"), r.get("scope"))] = r
     records = list(unique.values())
     groups = tables(records)
     if markdown:
@@ -643,18 +692,76 @@ def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = Non
         mass_figure(groups, plot)
 
 
-def main() -> None:
+def rule_rows(records: list[dict]) -> list[dict]:
+    """Per (task, ratio, P), over the seeds that have both: the allgather's union (its own
+    defaults) against the sparse exchange: ``mass`` and ``wire`` (the union's over the sparse
+    exchange's, one per seed), ``per_byte`` (the union's mass per wire byte over the sparse
+    exchange's, one per seed), how many seeds ``union_wins`` per byte, and ``picks`` (what
+    "auto" takes there)."""
+    runs: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        if "rows" in r and r["exchange"] in ("sparse", "allgather") and not r.get("apply") and r.get("exact") is None:
+            runs.setdefault((r["task"], r["ratio"], r["P"], r.get("seed", 0)), {})[r["exchange"]] = r
+    out: dict[tuple, dict] = {}
+    for (task, ratio, P, seed), pair in sorted(runs.items()):
+        if set(pair) != {"sparse", "allgather"}:
+            continue
+        union, sparse = pair["allgather"], pair["sparse"]
+        row = out.setdefault((task, ratio, P), {"task": task, "ratio": ratio, "P": P, "seeds": [], "mass": [],
+                                                "wire": [], "per_byte": [], "picks": union.get("auto_picks")})
+        row["seeds"].append(seed)
+        row["mass"].append(union["mass"] / sparse["mass"])
+        row["wire"].append(union["wire"] / sparse["wire"])
+        row["per_byte"].append(row["mass"][-1] / row["wire"][-1])
+    for row in out.values():
+        row["union_wins"] = sum(x > 1 for x in row["per_byte"])
+    return list(out.values())
+
+
+def spread_text(values: list[float], digits: int = 2) -> str:
+    """``median [min–max]`` of ``values`` (one value: itself)."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{float(np.median(values)):.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+
+
+def rule_markdown(records: list[dict]) -> str:
+    """:func:`rule_rows` as a Markdown table, each ratio as median [min–max] over the seeds."""
+    steps = sorted({r["steps"] for r in records if "rows" in r})
+    lines = [f"The allgather's union (its own defaults) ÷ the sparse exchange, each seed's figure a mean over "
+             f"{'/'.join(map(str, steps))} steps; median [min–max] over the seeds", "",
+             "| task | k/D | P | seeds | mass | wire bytes | mass per wire byte | seeds where the union delivers "
+             "more per byte | `auto` picks |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rule_rows(records):
+        lines.append(f"| {row['task']} | {row['ratio']:g} | {row['P']} | {len(row['seeds'])} | "
+                     f"{spread_text(row['mass'])} | {spread_text(row['wire'])} | {spread_text(row['per_byte'])} | "
+                     f"{row['union_wins']} of {len(row['seeds'])} | {row['picks']} |")
+    return "\n".join(lines)
+
+
+def read_records(paths: list[str]) -> list[dict]:
+    return [json.loads(line) for p in paths for line in open(p) if line.strip()]
+
+
+TASKS = ("a", "b", "c", "d")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="(b) the 1.28M digits MLP, ratio 0.001, every baseline and exchange (grid 'exchanges')")
-    p.add_argument("--run", choices=["a", "b", "c"], help="task: (a) digits MLP, (b) 1.28M MLP, (c) planted")
+    p.add_argument("--run", help="comma-separated tasks: (a) digits MLP, (b) 1.28M MLP, (c) planted, "
+                                 "(d) MNIST-5k CNN")
     p.add_argument("--ranks", help="comma-separated P, powers of two for gTop-k (default 4,16,64,256; "
                                    "with --quick 16)")
     p.add_argument("--ratios", default="0.01,0.001")
     p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
-    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "exchanges", "none"],
-                   default="full")
+    p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "exchanges", "rule",
+                                      "none"], default="full")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="initial weights and micro-batches (0: the start of every earlier record)")
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")
     p.add_argument("--planted-d", type=int, default=2 ** 16, help="(c): D")
     p.add_argument("--baselines", default="all", help="all, core, none or a list (see run())")
@@ -663,11 +770,24 @@ def main() -> None:
     p.add_argument("--plot", help="with --report: PNG of mass against bytes")
     p.add_argument("--markdown", help="with --report: write the per-exchange markdown table here")
     p.add_argument("--loss-plot", help="with --report: PNG of the loss curves of every record read")
-    args = p.parse_args()
+    p.add_argument("--rule", nargs="+", metavar="JSONL", help="the table of exchange='auto''s rule from these records")
+    args = p.parse_args(argv)
+    if args.run and not set(args.run.split(",")) <= set(TASKS):
+        p.error(f"--run takes tasks of {sorted(TASKS)}, comma-separated; got {args.run!r}")
+    if not (args.quick or args.run or args.report or args.rule):
+        p.error("give --quick, --run, --report or --rule")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     steps = args.steps if args.steps is not None else 20 if args.quick else 40
     if args.report:
         report(args.report, args.plot, args.loss_plot, args.markdown)
+        return
+    if args.rule:
+        print(rule_markdown(read_records(args.rule)))
         return
     if args.quick:
         P = int(args.ranks or 16)
@@ -679,17 +799,19 @@ def main() -> None:
         print(f"\n({time.process_time() - t0:.0f} s of CPU)")
         print(f"defaults_vs_gtopk P={P} delivered_mass_ratio {mass:.3f} wire_bytes_ratio {wire:.3f}")
         return
-    if not args.run:
-        p.error("give --quick, --run or --report")
-    for ranks in map(int, (args.ranks or "4,16,64,256").split(",")):
-        for ratio in map(float, args.ratios.split(",")):
-            if args.run == "a":
-                task: Task = DigitsTask("digits MLP", 256, ranks, args.batch)
-            elif args.run == "b":
-                task = DigitsTask("digits MLP 1.28M", 1536, ranks, args.batch)
-            else:
-                task = PlantedTask(ranks, args.planted_d, ratio)
-            run(task, ratio, steps, args.grid, args.out, args.baselines)
+    for name in args.run.split(","):
+        for seed in args.seeds:
+            for ranks in map(int, (args.ranks or "4,16,64,256").split(",")):
+                for ratio in map(float, args.ratios.split(",")):
+                    if name == "a":
+                        task: Task = DigitsTask("digits MLP", 256, ranks, args.batch, seed)
+                    elif name == "b":
+                        task = DigitsTask("digits MLP 1.28M", 1536, ranks, args.batch, seed)
+                    elif name == "d":
+                        task = CnnTask(ranks, args.batch, seed)
+                    else:
+                        task = PlantedTask(ranks, args.planted_d, ratio)
+                    run(task, ratio, steps, args.grid, args.out, args.baselines)
 
 
 if __name__ == "__main__":

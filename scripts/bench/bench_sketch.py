@@ -182,7 +182,8 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--log2-size", type=int, nargs="+", default=[24, 26])
     p.add_argument("--ratio", type=float, nargs="+", default=[0.01, 0.001])
@@ -197,7 +198,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="3 runs per timing")
     p.add_argument("--out")
     p.add_argument("--plot")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.quick:
         args.reps = 3
     threads = os.cpu_count() or 1

@@ -65,7 +65,8 @@ def wait_for_links(sync: Optional[Path], label: str) -> None:
     hvd.allreduce(torch.zeros(1), name=f"links.{label}")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_compression_flags(p, list(METHODS))
     p.add_argument("--batch", type=int, default=2, help="windows per rank per step")
@@ -78,7 +79,12 @@ def main() -> None:
     p.add_argument("--sync", type=Path, help="directory for the ready/go handshake with bench_throughput.sh")
     p.add_argument("--repeat", type=int, default=1, help="which repeat of the matrix this launch belongs to")
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(0)

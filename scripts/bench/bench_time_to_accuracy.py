@@ -160,7 +160,8 @@ def targets_of(pairs: list[str]) -> dict[str, float]:
 
 def table(summary: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table."""
-    lines = ["| workload | P | link | method | bytes/step/rank | reached target | seconds to target |",
+    lines = ["| workload | P | link | method | bytes/step/rank | reached target | seconds to target (mean ± std over "
+             "the repeats that reached it) |",
              "|---|---|---|---|---|---|---|"]
     for s in summary:
         metric = WORKLOADS[s["workload"]][2]
@@ -211,7 +212,8 @@ def report(args: argparse.Namespace) -> None:
         plot(summary, args.plot)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
@@ -228,7 +230,20 @@ def main() -> None:
     s.add_argument("data")
     s.add_argument("--target", nargs="*", default=[], metavar="WORKLOAD=VALUE", help="override a declared target")
     s.add_argument("--plot")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if args.command == "run":
+        from gs_bench.variants import parse_variant
+
+        for word in args.methods:
+            try:
+                parse_variant(word)
+            except ValueError as e:
+                p.error(f"--methods: {e}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.command == "run":
         run(args)
     else:

@@ -60,7 +60,8 @@ def measure(shape: tuple[int, int], ratio: float) -> dict[str, tuple[float, floa
     return results
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--d", type=int, default=25_600_000,
                    help="gradient elements (a 5000 × d/5000 matrix when it divides)")
@@ -69,9 +70,14 @@ def main() -> None:
     p.add_argument("--table", action="store_true", help="print the counted table for P = 2 … 1024")
     p.add_argument("--plot", help="write a log-log plot of wire bytes vs P to this PNG")
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not (args.measure or args.table or args.plot or args.out):
         p.error("give --measure (under horovodrun) or --table / --plot / --out")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     d = args.d
     shape = (5000, d // 5000) if d % 5000 == 0 else (d, 1)
     if args.measure:

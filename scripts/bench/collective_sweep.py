@@ -63,7 +63,8 @@ def seconds(comm: HorovodCollectives, kind: str, nbytes: int, repeats: int) -> l
     return out
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--label", required=True, help="the link setting (local, 100mbit, ...)")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
@@ -71,7 +72,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-call-s", type=float, default=2.0, help="no larger size once a call's median passes this")
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     hvd.init()
     P = hvd.size()
     comm = HorovodCollectives(hvd, TorchOps(), hvd.Average, hvd.global_process_set)

@@ -498,7 +498,8 @@ def print_projection(args: argparse.Namespace) -> None:
                                        indent=1))
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--validate", type=Path, metavar="RESULTS_JSONL", help="predict bench_throughput.sh's runs")
     p.add_argument("--collectives", type=Path, metavar="SWEEP_JSONL",
@@ -519,9 +520,19 @@ def main() -> None:
                    help="projection: the --validation-out JSON whose verdict labels the projection")
     p.add_argument("--plot", type=Path, help="projection: write the speed-up plot here")
     p.add_argument("--out", type=Path, help="projection: write the steps/s table as JSON here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not (args.project or args.validate):
         p.error("give --validate RESULTS_JSONL and/or --project")
+    for word in args.variants.split():
+        try:
+            parse_variant(word)
+        except ValueError as e:
+            p.error(f"--variants: {e}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     if args.project:
         print_projection(args)
     if args.validate:

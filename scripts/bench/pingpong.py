@@ -45,12 +45,18 @@ def fit(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
     return float(t[np.argmin(n)]), 1.0 / float(slope)
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--label", default="")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     comm = MPI.COMM_WORLD
     seconds = [one_way_seconds(comm, n, args.repeats if n < (4 << 20) else 3) for n in SIZES]
     if comm.Get_rank() == 0:

@@ -239,6 +239,19 @@ def spread(docs: Path, name: str) -> str:
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
 
+def seeds_ahead(docs: Path, name: str) -> str:
+    """``ahead.FILE.METHOD.K``: in how many seeds gs at K = 0.001 ended ahead of METHOD (@ K, as
+    :func:`run_figure` names records; higher accuracy, lower perplexity), out of the seeds both ran."""
+    _, stem, method, ratio = name.split(".", 3)
+    runs = load(docs, f"convergence_{stem}.json")
+    metric = metric_of(runs)
+    gs, other = runs["gs @ 0.001"], runs[f"{method.replace('-', ' ')} @ {ratio}"]
+    seeds = [k for k in gs if k in other]
+    better = (lambda a, b: a > b) if metric == "accuracy" else (lambda a, b: a < b)
+    ahead = sum(better(gs[k]["history"][-1][metric], other[k]["history"][-1][metric]) for k in seeds)
+    return f"{ahead} of {len(seeds)} seeds"
+
+
 def gs_vs_best_figure(docs: Path, name: str) -> str:
     """``gs_vs_best.FILE``: the ``gs_vs_best`` line of a simulated-ranks record at k = D/1000."""
     runs = load(docs, f"convergence_{name.split('.', 1)[1]}.json")
@@ -296,6 +309,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: run_figure(docs, name)
     if family == "spread" and name.count(".") >= 3:
         return lambda docs: spread(docs, name)
+    if family == "ahead" and name.count(".") >= 3:
+        return lambda docs: seeds_ahead(docs, name)
     if family == "gs_vs_best" and name.count(".") == 1:
         return lambda docs: gs_vs_best_figure(docs, name)
     if family == "sparse_vs_gtopk" and name.count(".") == 2:
@@ -308,10 +323,31 @@ def generator(name: str) -> Block | None:
         return lambda docs: time_to_accuracy_figure(docs, name)
     if family == "tta_fastest" and name.count(".") == 3:
         return lambda docs: fastest_to_target(docs, name)
+    if family in ("tta_over", "tta_later") and name.count(".") == 2:
+        return lambda docs: defaults_over(docs, name)
+    if family == "demo" and name.count(".") == 2 and name.split(".")[2] in DEMO_RUNS:
+        return lambda docs: demo_figure(docs, name)
+    if family == "compute_vs_topk" and name.count(".") == 2:
+        return lambda docs: compute_vs_topk(docs, name)
+    if family == "tput" and name.count(".") == 3:
+        return lambda docs: throughput_ratio(docs, name)
     return None
 
 
 DEMO_RUNS = {"gs": "(the defaults)", "none": "--compression none", "sketch": "--gs exchange=sketch"}
+
+
+def demo_figure(docs: Path, name: str) -> str:
+    """``demo.WHAT.RUN`` from ``docs/demo_P2_RUN.json`` (RUN: gs, none, sketch): the final held-out
+    accuracy (WHAT ``acc``) or the training steps per second (``steps_per_s``)."""
+    _, what, run = name.split(".")
+    d = load(docs, f"demo_P2_{run}.json")
+    h = d["history"]
+    if what == "acc":
+        return f"{h[-1]['accuracy']:.4f}"
+    if what == "steps_per_s":
+        return f"{sum(e['steps'] for e in h) / d['seconds']:.2f}"
+    raise KeyError(f"{name}: WHAT is acc or steps_per_s")
 
 
 @block("demo.console")
@@ -445,9 +481,16 @@ for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.ful
 
 @block("step.table")
 def step_table(docs: Path) -> str:
+    """``bench_step.py``'s table from ``docs/bench_step.json``: one median per cell (the first
+    format: one run), or median [min–max] over repeats per thread setting (``format`` 2,
+    ``bench_step.table``)."""
     d = load(docs, "bench_step.json")
-    lines = [f"{d['ranks']} ranks, ratio {d['ratio']}, median of {d['steps']} steps (seconds per opt.step())", "",
-             "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
+    if d.get("format") == 2:
+        import bench_step
+
+        return bench_step.table(d)
+    lines = [f"{d['ranks']} ranks, ratio {d['ratio']}, one run: median of {d['steps']} steps (seconds per opt.step())",
+             "", "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
              "|---|---|---|---|---|---|---|"]
     for name, r in d["rows"].items():
         lines.append(f"| {name} | {r['tensors']} | {r['params']:,} | {r['dense']:.4f} | {r['gs']:.4f} "
@@ -455,9 +498,23 @@ def step_table(docs: Path) -> str:
     return "\n".join(lines)
 
 
+COMPUTE_METHODS = {"defaults": "gs-SGD (defaults)", "sparse": "gs-SGD (exchange=sparse)",
+                   "sketch": "gs-SGD (exchange=sketch)", "gtopk": "gTop-k"}
+
+
+def compute_vs_topk(docs: Path, name: str) -> str:
+    """``compute_vs_topk.METHOD.P`` from ``docs/bench_compute_sparse.json``: METHOD's median compute
+    per step over top-k allgather's at P (METHOD: defaults, sparse, sketch, gtopk)."""
+    _, method, ranks = name.split(".")
+    rows = {(r["method"], r["ranks"]): r for r in load(docs, "bench_compute_sparse.json")}
+    mine, peer = rows[COMPUTE_METHODS[method], int(ranks)], rows["top-k allgather", int(ranks)]
+    return f"{mine['median_s'] / peer['median_s']:.2f}×"
+
+
 def merge_table(docs: Path, name: str) -> str:
     """``bench_merge.py``'s table (median ms per call) from its ``--out`` file."""
-    lines = ["| sketch bytes | tree flat | tree node-aware | Horovod allreduce | MPI.Allreduce "
+    lines = ["Median milliseconds per call over the script's repetitions, one run:", "",
+             "| sketch bytes | tree flat | tree node-aware | Horovod allreduce | MPI.Allreduce "
              "| tree flat bytes sent (rank 0) | doubling rounds (rank 0) |", "|---|---|---|---|---|---|---|"]
     for r in load(docs, name)["rows"]:
         lines.append(f"| {r['bytes']:,} | {r['tree_flat_ms']:.3f} | {r['tree_node_aware_ms']:.3f} "
@@ -522,6 +579,18 @@ def sketch_vs_gtopk(docs: Path, name: str) -> str:
 
 
 block("cost_model.validate")(lambda docs: validation(docs, "throughput_fair.jsonl"))
+
+
+@block("throughput.spread")
+def throughput_spread(docs: Path) -> str:
+    """The farthest any repeat of ``docs/throughput_fair.jsonl`` lies from its cell's median steps/s,
+    and the cell."""
+    import cost_model
+
+    _, cells, _ = cost_model.load(docs / "throughput_fair.jsonl")
+    far, (v, P, label) = max((max(abs(x / c.median - 1) for x in c.by_repeat.values()), key)
+                             for key, c in cells.items())
+    return f"{100 * far:.0f} % ({variant_name(v)} at {P} ranks, {label})"
 
 
 @block("cost_model.max_rel_error")
@@ -626,6 +695,34 @@ def is_default_sketch(r: dict) -> bool:
     return "rows" in r and r["exchange"] == "sketch" and r.get("label", "").startswith("r3 w2 m1 L1 f16 topk")
 
 
+@block("recovery.rule")
+def recovery_rule(docs: Path) -> str:
+    """``bench_recovery.py --rule docs/recovery_rule.jsonl``: the allgather's union against the
+    sparse exchange per (task, P) over seeds, and what ``exchange="auto"`` picks there."""
+    import bench_recovery
+
+    return bench_recovery.rule_markdown(bench_recovery.read_records([str(docs / "recovery_rule.jsonl")]))
+
+
+def rule_cells(docs: Path) -> list[dict]:
+    import bench_recovery
+
+    return bench_recovery.rule_rows(bench_recovery.read_records([str(docs / "recovery_rule.jsonl")]))
+
+
+@block("rule.agrees")
+def rule_agrees(docs: Path) -> str:
+    """In how many (task, P) cells of ``docs/recovery_rule.jsonl`` ``auto``'s pick is the exchange
+    with more mass per wire byte in every seed, and the cells where it is not."""
+    cells = rule_cells(docs)
+    right = [c for c in cells if (c["picks"] == "allgather") == (c["union_wins"] == len(c["seeds"]))
+             and c["union_wins"] in (0, len(c["seeds"]))]
+    other = [f"{c['task']} at P = {c['P']} (the union ahead per byte in {c['union_wins']} of {len(c['seeds'])} "
+             f"seeds, `auto` picks {c['picks']})" for c in cells if c not in right]
+    return (f"in {len(right)} of {len(cells)} (task, P) cells `auto` picks the exchange that delivered more mass "
+            f"per wire byte in every seed" + (f"; not in {', '.join(other)}" if other else ""))
+
+
 @block("recovery.exchange_before")
 def recovery_exchange_before(docs: Path) -> str:
     """Mass, wire kB a step and loss after 20 steps per P of ``docs/recovery_exchange.jsonl``:
@@ -724,7 +821,9 @@ def time_to_accuracy_verdicts(docs: Path) -> str:
     every repeat, the defaults' and the paper's sketch's seconds, and the defaults' over the
     fastest's."""
     summary = tta_summary(docs)
-    lines = ["| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | the paper's sketch |",
+    lines = ["Seconds to the target: mean ± standard deviation over the repeats that reached it; gs ÷ fastest: "
+             "the ratio of the means.", "",
+             "| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | the paper's sketch |",
              "|---|---|---|---|---|---|---|"]
     for workload, ranks, rate in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
         mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)}
@@ -760,6 +859,43 @@ def time_to_accuracy_defaults(docs: Path) -> str:
             f"in {near}, and missed the target in some repeat in {missed}")
 
 
+def defaults_over(docs: Path, name: str) -> str:
+    """``tta_over.METHOD.RATE`` / ``tta_later.METHOD.RATE`` (RATE a link or ``all``): over the
+    settings where the defaults and METHOD (as :func:`method_slug` writes it) both reached the
+    target in every repeat, the range of the defaults' mean seconds ÷ METHOD's (``tta_over``:
+    "1.06–1.98×") or how much later the defaults got there (``tta_later``: "1.6–9.9 %"), and in
+    how many settings."""
+    family, method, rate = name.split(".")
+    summary = tta_summary(docs)
+    ratios = []
+    for key in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
+        if rate != "all" and key[2] != rate:
+            continue
+        mine = {method_slug(s["method"]): s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
+        gs, other = mine.get("gs"), mine.get(method)
+        if gs and other and gs["reached"] == gs["repeats"] and other["reached"] == other["repeats"]:
+            ratios.append(gs["mean_seconds"] / other["mean_seconds"])
+    if not ratios:
+        raise KeyError(f"{name}: no setting where gs and {method} both reached the target in every repeat")
+    if family == "tta_over":
+        return f"{min(ratios):.2f}–{max(ratios):.2f}× (in {len(ratios)} settings)"
+    return f"{100 * (min(ratios) - 1):.1f}–{100 * (max(ratios) - 1):.1f} % (in {len(ratios)} settings)"
+
+
+def throughput_ratio(docs: Path, name: str) -> str:
+    """``tput.VARIANT.P.LINK``: gs-SGD's median steps/s ÷ VARIANT's (a variant word with ``:``,
+    ``=`` and ``,`` written ``-``) at P ranks on LINK, with the per-repeat min–max, from
+    ``docs/throughput_fair.jsonl`` (as the throughput table's ratio columns)."""
+    import cost_model
+
+    _, variant, ranks, label = name.split(".")
+    _, cells, _ = cost_model.load(docs / "throughput_fair.jsonl")
+    words = {method_slug(v): v for v, _, _ in cells}
+    if variant not in words:
+        raise KeyError(f"{name}: no variant {variant!r} among {sorted(words)}")
+    return cost_model._ratio(cells["gs", int(ranks), label], cells[words[variant], int(ranks), label])
+
+
 def fastest_to_target(docs: Path, name: str) -> str:
     """``tta_fastest.WORKLOAD.P.RATE``: the method with the least mean seconds to the target among
     those that reached it in every repeat, and its seconds."""
@@ -790,11 +926,16 @@ def render(text: str, docs: Path, errors: list[str], path: str) -> tuple[str, li
     return MARKER.sub(one, text), changed
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 if any block differs")
     p.add_argument("--root", type=Path, default=ROOT, help="the repository copy to read docs/ and README.md from")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     docs = args.root / "docs"
     errors: list[str] = []
     stale = 0

@@ -21,13 +21,19 @@ from gs_bench.workloads import digits_mlp, digits_shard
 from gs_horovod.torch import GsSketch
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=5000)
     p.add_argument("--every", type=int, default=500)
     p.add_argument("--settle", type=int, default=500, help="steps before the baseline sample")
     p.add_argument("--out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     hvd.init()
     torch.set_num_threads(1)
     x, y = map(torch.from_numpy, digits_shard(hvd.rank(), hvd.size())[:2])
