@@ -167,20 +167,28 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert match, last
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     by_method = {r["method"]: r for r in rows if r["method"] != "gs global"}
-    gs = {(r["exchange"], r["apply"]): r for r in rows if r["method"] == "gs global"}
+    gs = {(r["exchange"], r["apply"], r["wire_format"]): r for r in rows if r["method"] == "gs global"}
     assert set(by_method) == {"dense", "exact top-k", "top-k allgather", "top-k allgather (global)", "gTop-k",
                               "gTop-k (global)", "Sketched-SGD", "PowerSGD"}
-    assert set(gs) == {("auto", None), ("sparse", None), ("allgather", "topk"), ("allgather", None), ("sketch", None)}
+    pairs = {(e, a, w) for e, a in (("sparse", None), ("allgather", "topk"), ("allgather", None))
+             for w in ("fp32", "compact")}
+    assert set(gs) == {("auto", None, "compact"), ("sketch", None, "compact")} | pairs
     assert all(r["P"] == 4 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
-    gtopk, defaults = by_method["gTop-k (global)"], gs["auto", None]
+    gtopk, defaults = by_method["gTop-k (global)"], gs["auto", None, "compact"]
     assert float(match[1]) == pytest.approx(defaults["mass"] / gtopk["mass"], abs=1e-3)
     assert float(match[2]) == pytest.approx(defaults["wire"] / gtopk["wire"], abs=1e-3)
     # at P = 4 the defaults are the allgather applying its union (at most twice the sparse
     # exchange's bytes); the sparse exchange applies what the allgather's top k does, for less
     assert defaults["exchange_used"] == "allgather"
-    assert (defaults["mass"], defaults["wire"]) == (gs["allgather", None]["mass"], gs["allgather", None]["wire"])
-    assert gs["sparse", None]["mass"] == pytest.approx(gs["allgather", "topk"]["mass"])
-    assert gs["sparse", None]["wire"] < gs["allgather", "topk"]["wire"] <= 2 * gs["sparse", None]["wire"]
+    union = gs["allgather", None, "compact"]
+    assert (defaults["mass"], defaults["wire"]) == (union["mass"], union["wire"])
+    for w in ("fp32", "compact"):
+        assert gs["sparse", None, w]["wire"] < gs["allgather", "topk", w]["wire"] <= 2 * gs["sparse", None, w]["wire"]
+    assert gs["sparse", None, "fp32"]["mass"] == pytest.approx(gs["allgather", "topk", "fp32"]["mass"])
+    # the compact wire: about half the pairs' bytes, the same mass but for bfloat16 rounding
+    for e, a in (("sparse", None), ("allgather", "topk"), ("allgather", None)):
+        assert gs[e, a, "compact"]["mass"] == pytest.approx(gs[e, a, "fp32"]["mass"], rel=1e-2)
+        assert gs[e, a, "compact"]["wire"] < 0.7 * gs[e, a, "fp32"]["wire"]
     assert by_method["dense"]["wire"] == 4 * 3 / 4 * by_method["dense"]["payload"]  # one ring allreduce
     assert abs(by_method["exact top-k"]["mass"] - 1) < 1e-6 and by_method["exact top-k"]["wire"] is None
     assert all(0 < r["mass"] < math.inf and (r["wire"] is None or r["wire"] > 0) for r in rows)
@@ -291,13 +299,14 @@ def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
 
 
 def test_bench_convergence_quick(tmp_path: Path) -> None:
-    """``bench_convergence.py --quick``: gs-SGD and Sketched-SGD at gs-SGD's wire bytes, 2 ranks;
-    the equal-wire comparison holds (Sketched-SGD sent no more wire bytes than gs-SGD)."""
+    """``bench_convergence.py --quick``: gs-SGD with 8-byte pairs and Sketched-SGD at its wire
+    bytes, 2 ranks; the equal-wire comparison holds (Sketched-SGD sent no more wire bytes than
+    gs-SGD). (At the compact defaults no Sketched-SGD size fits: its exact round alone costs more.)"""
     out = run_script("bench/bench_convergence.py", "--quick", "--out-dir", str(tmp_path), timeout=600)
     runs = json.loads((tmp_path / "convergence_mlp.json").read_text())
-    assert set(runs) == {"gs @ 0.01", "sketched = gs @ 0.01"}
+    assert set(runs) == {"gs fp32 @ 0.01", "sketched = gs fp32 @ 0.01"}
     wire = {k: v["0"]["history"][-1]["wire_bytes_per_step"] for k, v in runs.items()}
-    assert 0 < wire["sketched = gs @ 0.01"] <= wire["gs @ 0.01"]
+    assert 0 < wire["sketched = gs fp32 @ 0.01"] <= wire["gs fp32 @ 0.01"]
     assert "at equal wire bytes" in out and (tmp_path / "convergence_mlp.png").stat().st_size > 0
 
 
@@ -336,7 +345,7 @@ def test_bench_convergence_simulated(tmp_path: Path) -> None:
     process and the run ends with the documented ``gs_vs_best P=4 metric_ratio <x>
     wire_bytes_ratio <y>`` (its pick and interpolation are checked on hand-made curves in
     tests/test_report.py)."""
-    out = run_script("bench/bench_convergence.py", "--simulated-ranks", "4", "--model", "mlp", "--epochs", "1",
+    out = run_script("bench/bench_convergence.py", "--simulated-ranks", "4", "--model", "mlp", "--epochs", "2",
                      "--methods", "dense", "gs", "gtopk", "powersgd r1", "--ratios", "0.01", "--seeds", "0",
                      "--out-dir", str(tmp_path), timeout=600)
     runs = json.loads((tmp_path / "convergence_mlp_sim4.json").read_text())

@@ -48,6 +48,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 # label: (train script --compression, extra arguments); compressed methods also get --ratio
@@ -66,6 +67,7 @@ METHODS = {
     "gtopk layer": ("gtopk", ["--opt", "scope=layer"]),
     "sketched": ("sketched", []),
     "sketched = gs": ("sketched", []),  # sizes from equal_wire_sketched() at run time
+    "sketched = gs fp32": ("sketched", []),  # ... at the wire bytes of GsSketch(wire="fp32")
     "powersgd r1": ("powersgd", ["--opt", "rank=1"]),
     "powersgd r4": ("powersgd", ["--opt", "rank=4"]),
 }
@@ -82,11 +84,12 @@ WORKLOADS = {
     "mlp": ("digits MLP", "scripts/examples/train_torch.py", ["--model", "mlp"], "accuracy"),
     "lm": ("LSTM LM on stdlib sources", "scripts/examples/train_lm.py", [], "perplexity"),
 }
-QUICK = {"methods": ["gs", "sketched = gs"], "ratios": [0.01], "seeds": [0], "epochs": 1,
+QUICK = {"methods": ["gs fp32", "sketched = gs fp32"], "ratios": [0.01], "seeds": [0], "epochs": 1,
          "ranks": 2, "model": "mlp"}
 QUICK_SIMULATED = {"methods": ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", "powersgd r1"],
                    "ratios": [0.001], "seeds": [0], "epochs": 2, "model": "cnn", "batch_size": 8}
-SIMULATED = [label for label in METHODS if label not in ("fp16", "sketched = gs")]  # fp16 is Horovod's
+# fp16 is Horovod's; Sketched-SGD at gs's bytes is sized for real ranks
+SIMULATED = [label for label in METHODS if label not in ("fp16", "sketched = gs", "sketched = gs fp32")]
 
 
 def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
@@ -102,22 +105,24 @@ def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
     return [tuple(p.shape) for _, p in sorted(model.named_parameters())]
 
 
-def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> float:
-    """Wire bytes per step through a rank of GsSketch at its defaults and ``ratio``."""
+def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int, options: Optional[dict] = None) -> float:
+    """Wire bytes per step through a rank of GsSketch with ``options`` (default: its defaults) at ``ratio``."""
     from gs_bench.variants import planned
     from gs_horovod.transports.wire import total_wire_bytes
 
-    return total_wire_bytes(planned("gs", {}, shapes, ranks, ratio), ranks)
+    return total_wire_bytes(planned("gs", options or {}, shapes, ranks, ratio), ranks)
 
 
-def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int) -> dict:
-    """Sketched-SGD's sizes whose wire bytes through rank 0 equal gs-SGD's: 5 rows (published),
+def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int, gs: Optional[dict] = None) -> dict:
+    """Sketched-SGD's sizes whose wire bytes through rank 0 equal gs-SGD's (with the GsSketch
+    options ``gs``; default: its defaults, whose compact pairs often leave no room for
+    Sketched-SGD's exact round, a ValueError naming the bytes): 5 rows (published),
     the largest p2 of 4, 2, 1 that leaves room for at least one column per k (else p2 = 1 and
     fewer columns than k), and the width that fills the rest (wire bytes grow linearly with it)."""
     from gs_bench.baselines import SketchedSGD
     from gs_horovod.transports.wire import total_wire_bytes
 
-    target = gs_wire(shapes, ratio, ranks)
+    target = gs_wire(shapes, ratio, ranks, gs)
 
     def wire(p2: int, width: float) -> float:
         return total_wire_bytes(SketchedSGD(ratio=ratio, width=width, p2=p2).planned(shapes, ranks), ranks)
@@ -172,8 +177,9 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
             cmd += ["--simulated-ranks", str(args.simulated_ranks)]
         if label not in UNCOMPRESSED:
             cmd += ["--ratio", str(ratio)]
-        if label == "sketched = gs":
-            sizes = equal_wire_sketched(model_shapes(args), ratio, args.simulated_ranks or args.ranks)
+        if label.startswith("sketched = gs"):
+            sizes = equal_wire_sketched(model_shapes(args), ratio, args.simulated_ranks or args.ranks,
+                                        {"wire": "fp32"} if label.endswith("fp32") else None)
             cmd += [arg for name, value in sizes.items() for arg in ("--opt", f"{name}={value}")]
         env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3")
         subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
@@ -299,6 +305,12 @@ def peers_at_budget(runs: dict, metric: str, ratio: float, reference: str = "gs"
             if key.rsplit(" @ ", 1)[0] not in (reference, "dense") and key.rsplit(" @ ", 1)[1] in (f"{ratio:g}", "1")}
 
 
+def reference_of(methods: list[str]) -> str:
+    """The gs variant the others are compared with: "gs" (the defaults) when it ran, else the
+    first gs variant ("gs fp32", ...)."""
+    return "gs" if "gs" in methods else next((m for m in methods if m.startswith("gs")), "gs")
+
+
 def headline(runs: dict, metric: str, reference: str = "gs") -> str:
     """``reference`` against dense at its final evaluation (accuracy: points; perplexity: %), and
     every other method (at the same k, and those without a k) at equal wire bytes: its metric
@@ -412,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     title = f"{name}, {ranks}{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
     if args.plot_only:
         runs = json.loads(data.read_text())
-        print(table(runs, metric) + "\n\n" + headline(runs, metric))
+        print(table(runs, metric) + "\n\n" + headline(runs, metric, reference_of(args.methods)))
         plot(runs, out / f"{stem}.png", title, metric)
         print_gs_vs_best(runs, metric, args)
         return
@@ -432,7 +444,7 @@ def main(argv: list[str] | None = None) -> None:
                 data.write_text(json.dumps({k: v for k, v in runs.items() if v}, indent=1))
     runs = {k: v for k, v in runs.items() if v}
     print(table(runs, metric))
-    print("\n" + headline(runs, metric))
+    print("\n" + headline(runs, metric, reference_of(args.methods)))
     plot(runs, out / f"{stem}.png", title, metric)
     print_gs_vs_best(runs, metric, args)
 
@@ -443,8 +455,12 @@ def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
         return
     for ratio in args.ratios:
         if f"gs @ {ratio:g}" in runs:
-            x, y, peer, peers = gs_vs_best(runs, metric, ratio)
             _, sent = gs_budget(runs[f"gs @ {ratio:g}"], metric)
+            try:
+                x, y, peer, peers = gs_vs_best(runs, metric, ratio)
+            except ValueError as e:  # every peer's first evaluation sent more than gs's whole budget
+                print(f"\n{e}\ngs_vs_best P={args.simulated_ranks} none: no peer within gs's wire bytes")
+                continue
             print(f"\nevery peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):")
             for key, got in peers.items():
                 print(f"  {key}: {got.text()}")
