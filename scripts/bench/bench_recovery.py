@@ -624,7 +624,7 @@ def method_name(r: dict) -> str:
         return r["method"]
     used = r.get("exchange_used", "?")
     text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
-    if r["exchange"] != "auto" and r.get("wire_format") == "compact":
+    if r["exchange"] in ("allgather", "sparse") and r.get("wire_format") == "compact":
         text += " compact"
     if r.get("apply"):
         text += f", apply {r['apply']}"

@@ -261,11 +261,13 @@ def gs_vs_best_figure(docs: Path, name: str) -> str:
 
 
 def sparse_vs_gtopk(docs: Path, name: str) -> str:
-    """``sparse_vs_gtopk.WHAT.P`` from ``docs/recovery_sparse.jsonl``: the defaults' delivered mass
-    over gTop-k (global)'s (WHAT ``mass``), their wire bytes over its (``wire``), or the
-    defaults' wire kB a step (``kb``)."""
-    _, what, ranks = name.split(".")
-    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    """``sparse_vs_gtopk.WHAT.P`` from ``docs/recovery_sparse.jsonl`` (``compact_vs_gtopk.WHAT.P``:
+    from ``docs/recovery_wire.jsonl``, the compact defaults): the defaults' delivered mass over
+    gTop-k (global)'s (WHAT ``mass``), their wire bytes over its (``wire``), or the defaults' wire
+    kB a step (``kb``)."""
+    family, what, ranks = name.split(".")
+    data = "recovery_wire.jsonl" if family == "compact_vs_gtopk" else "recovery_sparse.jsonl"
+    records = [json.loads(line) for line in (docs / data).read_text().splitlines() if line.strip()]
     at = [r for r in records if r["P"] == int(ranks)]
     gs = next(r for r in at if "rows" in r and r["exchange"] == "auto")
     peer = next(r for r in at if r["method"] == "gTop-k (global)")
@@ -313,7 +315,7 @@ def generator(name: str) -> Block | None:
         return lambda docs: seeds_ahead(docs, name)
     if family == "gs_vs_best" and name.count(".") == 1:
         return lambda docs: gs_vs_best_figure(docs, name)
-    if family == "sparse_vs_gtopk" and name.count(".") == 2:
+    if family in ("sparse_vs_gtopk", "compact_vs_gtopk") and name.count(".") == 2:
         return lambda docs: sparse_vs_gtopk(docs, name)
     if family == "sketch_vs_gtopk" and name.count(".") == 1:
         return lambda docs: sketch_vs_gtopk(docs, name)
@@ -688,6 +690,22 @@ def recovery_exchanges(docs: Path) -> str:
             "gs defaults (auto → sparse)", "gs sparse", "gs sketch")
     rows = [line for line in table[4:] if line.startswith("| ") and line.split(" | ")[1] in keep]
     return "\n".join(table[2:4] + rows)
+
+
+@block("recovery.wire")
+def recovery_wire(docs: Path) -> str:
+    """``bench_recovery.py --report docs/recovery_wire.jsonl --markdown``'s table: every exchange
+    with 8-byte and compact pairs beside the baselines (the digits MLP 1.28M, k = D/1000)."""
+    import bench_recovery
+
+    records = [json.loads(line) for line in (docs / "recovery_wire.jsonl").read_text().splitlines() if line.strip()]
+    return "\n".join(bench_recovery.exchange_markdown(records).splitlines()[2:])
+
+
+for _name, _file in {"wire_cnn_sim4": "wire/convergence_cnn_sim4.json",
+                     "wire_cnn_sim16": "wire/convergence_cnn_sim16.json",
+                     "wire_lm_sim16": "wire/convergence_lm_sim16.json"}.items():
+    block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
 
 
 def is_default_sketch(r: dict) -> bool:
