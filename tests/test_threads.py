@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gs_horovod import threads
+from gs_horovod.kernels import numba_cpu  # noqa: F401 - Numba's threading layer as the engine selects it
 from gs_horovod.threads import kernel_threads, local_size, threads_per_rank
 
 
