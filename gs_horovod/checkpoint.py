@@ -78,6 +78,11 @@ def _world_size_error(saved: int, size: int) -> str:
             f"so resume with {saved} ranks, or leave the GsSketch state out to start residuals from zero")
 
 
+STATE_NEUTRAL = ("wire",)
+"""Options a saved state's residuals do not depend on (the pair format changes what travels,
+not what a residual means): a checkpoint written before one existed loads under any value."""
+
+
 def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
     """Why ``state`` (one rank's, from ``local_state_dict``) cannot be loaded here, or ""."""
     if isinstance(state, dict) and state.get("format") == GATHERED:
@@ -85,7 +90,8 @@ def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
                 "load_state_dict() called on every rank")
     if not isinstance(state, dict) or not isinstance(state.get("options"), dict):
         return f"GsSketch: not a GsSketch state (got {type(state).__name__})"
-    diff = options_difference(state["options"], options)
+    older = {k: options[k] for k in STATE_NEUTRAL if k in options and k not in state["options"]}
+    diff = options_difference({**older, **state["options"]}, options)
     if diff:
         return f"GsSketch state was saved with different options: {diff}"
     if state.get("world_size", size) != size:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from gs_horovod.checkpoint import CheckpointApi, gather_state, options_difference, scatter_state
+from gs_horovod.checkpoint import CheckpointApi, check_local_state, gather_state, options_difference, scatter_state
 
 OPTIONS = {"ratio": 0.05, "seed": 0}
 
@@ -152,3 +152,12 @@ def test_options_difference_names_each_option():
     diff = options_difference({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4})
     assert diff == "b=2 saved, 3 now; c='<absent>' saved, 4 now"
     assert options_difference(OPTIONS, dict(OPTIONS)) == ""
+
+
+def test_a_state_saved_before_the_wire_option_loads_and_other_options_still_count():
+    now = {**OPTIONS, "wire": "compact"}
+    older = local(0, 2)  # its options have no "wire": written before the option existed
+    assert check_local_state(older, now, 2) == ""
+    assert "wire='fp32' saved, 'compact' now" in check_local_state(local(0, 2, {**OPTIONS, "wire": "fp32"}), now, 2)
+    assert "ratio=0.05 saved, 0.1 now" in check_local_state(older, {**now, "ratio": 0.1}, 2)
+
