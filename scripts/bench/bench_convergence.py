@@ -65,15 +65,17 @@ METHODS = {
     "topk layer": ("topk", ["--opt", "scope=layer"]),
     "gtopk": ("gtopk", []),
     "gtopk layer": ("gtopk", ["--opt", "scope=layer"]),
+    "gtopk compact": ("gtopk", ["--opt", "wire=compact"]),  # not the authors': its pairs in the compact format
     "sketched": ("sketched", []),
     "sketched = gs": ("sketched", []),  # sizes from equal_wire_sketched() at run time
     "sketched = gs fp32": ("sketched", []),  # ... at the wire bytes of GsSketch(wire="fp32")
     "powersgd r1": ("powersgd", ["--opt", "rank=1"]),
+    "powersgd r2": ("powersgd", ["--opt", "rank=2"]),
     "powersgd r4": ("powersgd", ["--opt", "rank=4"]),
 }
 DEFAULT_METHODS = ["dense", "gs", "topk", "topk layer", "gtopk", "gtopk layer", "sketched", "sketched = gs",
                    "powersgd r1", "powersgd r4"]
-UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r4")  # k does not apply: one run per seed
+UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r2", "powersgd r4")  # k does not apply: one run per seed
 DDP_LABELS = ["dense", "fp16", "gs", "gs layer", "powersgd r1", "powersgd r4"]  # what runs as a DDP hook
 DDP_DEFAULT = ["dense", "fp16", "gs", "powersgd r1", "powersgd r4"]
 FSDP_LABELS = ["dense", "gs"]  # under --launcher fsdp: plain HSDP, GsFsdpState
