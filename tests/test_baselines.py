@@ -10,6 +10,7 @@ import torch
 from conftest import horovodrun
 
 from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from gs_horovod.kernels import torch_pairs
 from gs_horovod.transports.simulated import SimulatedRanks
 from gs_horovod.transports.wire import total_wire_bytes
 
@@ -54,6 +55,7 @@ def big_update(ex, update: list[torch.Tensor]) -> torch.Tensor:
 VARIANTS = {
     "topk": lambda r: TopKAllgather(ratio=r), "topk-layer": lambda r: TopKAllgather(ratio=r, scope="layer"),
     "gtopk": lambda r: GTopK(ratio=r), "gtopk-layer": lambda r: GTopK(ratio=r, scope="layer"),
+    "gtopk-compact": lambda r: GTopK(ratio=r, wire="compact"),
     "sketched": lambda r: SketchedSGD(ratio=r), "sketched-layer": lambda r: SketchedSGD(ratio=r, scope="layer"),
     "powersgd-r1": lambda r: PowerSGD(rank=1), "powersgd-r4": lambda r: PowerSGD(rank=4),
 }
@@ -73,7 +75,7 @@ def test_every_rank_gets_the_same_update_and_the_traffic_planned(variant):
         assert r["traffic"].per_step()[1] == pytest.approx(total_wire_bytes(planned, P))
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if not v.startswith("powersgd")])
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if not v.startswith("powersgd") and v != "gtopk-compact"])
 def test_ratio_one_is_the_dense_mean(variant):
     P = 2
     ranks = run(P, lambda: VARIANTS[variant](1.0), steps=1)
@@ -167,19 +169,26 @@ def test_nothing_is_lost_residuals_plus_updates_conserve_the_sum(variant):
     torch.testing.assert_close(total_e + P * big_update(ex, ranks[0]["updates"][0]), total_a, rtol=0, atol=2e-5)
 
 
-def dense_gtopk(accs: list[torch.Tensor], k: int) -> torch.Tensor:
-    """gTop-k as first written here: every merge through a dense D-vector and torch.topk."""
+def top_stable(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest |x|, ties to the smaller index."""
+    return torch.sort(-x.abs(), stable=True).indices[:k]
+
+
+def dense_gtopk(accs: list[torch.Tensor], k: int, wire=lambda v: v) -> torch.Tensor:
+    """gTop-k as first written here: every merge through a dense D-vector and torch.topk; each
+    set's values as ``wire`` carries them before every round."""
     P, D = len(accs), accs[0].numel()
     sets = []
     for a in accs:
-        i = torch.topk(a.abs(), k).indices
+        i = top_stable(a, k)
         sets.append(torch.zeros(D).index_put_((i,), a[i]))
     mask = 1
     while mask < P:
         merged = []
+        sets = [wire(x) for x in sets]
         for r in range(P):
             s = sets[r] + sets[r ^ mask]
-            i = torch.topk(s.abs(), k).indices
+            i = top_stable(s, k)
             merged.append(torch.zeros(D).index_put_((i,), s[i]))
         sets, mask = merged, mask << 1
     return sets[0] / P
@@ -192,6 +201,25 @@ def test_gtopk_sparse_merge_equals_the_dense_merge(P):
     k = ex.spans([math.prod(s) for s in SHAPES if math.prod(s) >= ex.min_size])[0].k
     expected = dense_gtopk([r["accs"][0] for r in ranks], k)
     torch.testing.assert_close(big_update(ex, ranks[0]["updates"][0]), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_gtopk_with_compact_pairs_merges_the_values_as_they_travel_and_sends_under_half(P):
+    """wire="compact" (a labelled variant): the dense merge of bfloat16-rounded sets, each
+    rank's own rounding left in its residual, fewer than half the fp32 pairs' bytes."""
+    ranks = run(P, lambda: GTopK(ratio=0.01, wire="compact"), steps=1)
+    ex = ranks[0]["ex"]
+    k = ex.spans([math.prod(s) for s in SHAPES if math.prod(s) >= ex.min_size])[0].k
+    expected = dense_gtopk([r["accs"][0] for r in ranks], k, torch_pairs.rounded)
+    torch.testing.assert_close(big_update(ex, ranks[0]["updates"][0]), expected, rtol=0, atol=1e-6)
+    for r in ranks:
+        left = r["accs"][0] != r["residual"]
+        assert torch.equal(r["residual"][left], (r["accs"][0] - torch_pairs.rounded(r["accs"][0]))[left])
+    fp32 = GTopK(ratio=0.01).planned(SHAPES, P)
+    compact = ex.planned(SHAPES, P)
+    pairs = [(c, f) for c, f in zip(compact, fp32) if c[0] == "pairwise"]
+    assert len(pairs) == math.log2(P) and all(c[1] < 0.5 * f[1] for c, f in pairs)
+    assert [tuple(c) for c in ranks[0]["traffic"].last_step] == compact
 
 
 def test_global_scope_selects_across_tensors_layer_scope_per_tensor():

@@ -1,6 +1,6 @@
 """The compact wire format for (index, value) pairs (gs_horovod/kernels/pair_format.py): round
-trips, sizes, the values it cannot carry as they are, the torch kernels against the NumPy
-reference byte for byte, and what the engine keeps in the residuals when it rounds."""
+trips, sizes, the values it cannot carry as they are, the torch and Numba kernels against the
+NumPy reference byte for byte, and what the engine keeps in the residuals when it rounds."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
+from gs_horovod.kernels import numba_pairs, torch_pairs
 from gs_horovod.kernels import pair_format as pf
-from gs_horovod.kernels import torch_pairs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedRanks
 
@@ -50,6 +50,26 @@ def test_round_trip_and_sizes(universe, messages):
     t_idx, t_vals, t_counts = torch_pairs.decode(torch.from_numpy(buf), universe, low)
     assert np.array_equal(t_idx.numpy(), idx) and np.array_equal(t_vals.numpy(), got_vals)
     assert t_counts.tolist() == counts.tolist()
+    # ... and so do Numba's (what the CPU engine and TensorFlow run)
+    n_buf, n_sizes = numba_pairs.encode(idx, vals, counts, universe, low)
+    assert np.array_equal(n_buf, buf) and n_sizes.tolist() == sizes.tolist()
+    n_idx, n_vals, n_counts = numba_pairs.decode(buf, universe, low)
+    assert np.array_equal(n_idx, idx) and np.array_equal(n_vals, got_vals) and n_counts.tolist() == counts.tolist()
+
+
+def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_refuses_broken_messages():
+    vals = np.array([3.4e38, -3.4e38, 1e-42, np.nan, -np.nan, np.inf, -np.inf, -0.0, 1.0 + 2**-8, 3.3e38],
+                    np.float32)
+    idx, counts = np.arange(vals.size), np.array([vals.size])
+    buf, _ = numba_pairs.encode(idx, vals, counts, 64, 2)
+    assert np.array_equal(buf, pf.encode(idx, vals, counts, 64, 2)[0])
+    for broken in (buf[:-1], buf[:3], np.concatenate([buf, buf[:2]])):
+        with pytest.raises(ValueError, match="runs past the end"):
+            numba_pairs.decode(broken, 64, 2)
+    wrong = buf.copy()
+    wrong[pf.HEADER + (vals.size * 2 + 7) // 8] ^= 0xFF  # the first byte of the high bits
+    with pytest.raises(ValueError, match="high bits disagree"):
+        numba_pairs.decode(wrong, 64, 2)
 
 
 def test_an_index_costs_about_2_plus_log2_of_the_gap():

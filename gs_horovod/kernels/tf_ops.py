@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from . import pair_format
+from . import numba_pairs, pair_format
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, to_int64
 
 _M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
@@ -204,14 +204,14 @@ class TfOps:
 
     def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor, universe: int,
                    low: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """The NumPy reference (:mod:`.pair_format`) through ``tf.numpy_function``."""
-        buf, sizes = tf.numpy_function(lambda i, v, c: pair_format.encode(i, v, c, universe, low),
+        """Numba's codec (:mod:`.numba_pairs`, the reference's bytes) through ``tf.numpy_function``."""
+        buf, sizes = tf.numpy_function(lambda i, v, c: numba_pairs.encode(i, v, c, universe, low),
                                        [idx, vals, counts], [tf.uint8, tf.int32], stateful=False)
         return tf.ensure_shape(buf, [None]), tf.ensure_shape(sizes, counts.shape)
 
     def unpack_pairs(self, buf: tf.Tensor, messages: int, universe: int,
                      low: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        idx, vals, counts = tf.numpy_function(lambda b: pair_format.decode(b, universe, low), [buf],
+        idx, vals, counts = tf.numpy_function(lambda b: numba_pairs.decode(b, universe, low), [buf],
                                               [tf.int64, tf.float32, tf.int32], stateful=False)
         return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [messages])
 

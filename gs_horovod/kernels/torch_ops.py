@@ -380,11 +380,24 @@ class TorchOps:
 
     def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe: int,
                    low: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compact messages: Numba's codec on the CPU (backend "auto" or "numba"), the
+        vectorised torch one elsewhere (same bytes)."""
+        if resolve(self.backend, idx.device) == "numba":
+            from . import numba_pairs
+
+            buf, sizes = numba_pairs.encode(idx.contiguous().numpy(), vals.detach().contiguous().numpy(),
+                                             counts.contiguous().numpy(), universe, low)
+            return torch.from_numpy(buf), torch.from_numpy(sizes)
         return torch_pairs.encode(idx, vals, counts, universe, low)
 
     def unpack_pairs(self, buf: torch.Tensor, messages: int, universe: int,
                      low: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        idx, vals, counts = torch_pairs.decode(buf, universe, low)
+        if resolve(self.backend, buf.device) == "numba":
+            from . import numba_pairs
+
+            idx, vals, counts = map(torch.from_numpy, numba_pairs.decode(buf.contiguous().numpy(), universe, low))
+        else:
+            idx, vals, counts = torch_pairs.decode(buf, universe, low)
         if len(counts) != messages:
             raise ValueError(f"expected {messages} compact messages, read {len(counts)}")
         return idx, vals, counts

@@ -375,6 +375,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"R x S mesh under torchrun, the CNN ({FSDP_LABELS})")
     p.add_argument("--replicas", type=int, default=2, help="--launcher fsdp: R (S = --ranks / R)")
     p.add_argument("--out-dir", default="docs")
+    p.add_argument("--add", action="store_true",
+                   help="keep the runs already in <out-dir>'s data file, add (or replace) the ones run now: "
+                        "a matrix whose methods run at different ratios, built by several commands")
     p.add_argument("--plot-only", action="store_true",
                    help="table and plot again from <out-dir>/convergence_<model>.json")
     args = p.parse_args(argv)
@@ -432,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     # seeds outermost, the data file rewritten after every run: a matrix cut short still holds
     # every method at the seeds it finished
-    runs: dict[str, dict[str, dict]] = {}
+    runs: dict[str, dict[str, dict]] = json.loads(data.read_text()) if args.add and data.exists() else {}
     for seed in args.seeds:
         for label in args.methods:
             for ratio in ([1.0] if label in UNCOMPRESSED else args.ratios):
