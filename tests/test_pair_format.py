@@ -17,7 +17,7 @@ from gs_horovod.transports.simulated import SimulatedRanks
 
 def message_sets() -> list[tuple[int, list[np.ndarray]]]:
     """(universe, each message's sorted distinct indices): random sets, both ends, gaps above
-    2^16, one pair, an empty message, every index, and universes past 2^31 and 2^40."""
+    2^16, one pair, an empty message, every index, and universes past 2^31, 2^40 and 2^60."""
     rng = np.random.default_rng(0)
     return [
         (1_000_000, [np.sort(rng.choice(1_000_000, 1000, replace=False)),
@@ -28,6 +28,7 @@ def message_sets() -> list[tuple[int, list[np.ndarray]]]:
         (300, [np.arange(300)]),
         (2**31 + 5, [np.array([3, 2**31 - 1, 2**31, 2**31 + 4])]),
         (2**40, [np.sort(rng.choice(2**40, 200, replace=False))] * 3),
+        (2**60, [np.array([2**60 - 1])]),  # 59 low bits: past Numba's accumulator, its reference fallback
     ]
 
 

@@ -9,7 +9,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from . import pair_format
 from .pair_format import HEADER, message_bytes
+
+WIDEST_LOW = 56
+"""The most low bits an index may have here (they stream through a 64-bit accumulator: l ≤ 56
+keeps its top bit clear); wider ones, from universes of 2^56 and more, run the NumPy reference."""
+
+_SET_BITS = np.array([bin(b).count("1") for b in range(256)], np.int64)
+"""How many bits of each byte value are set."""
+_SET_AT = np.array([[j for j in range(8) if b >> j & 1] + [0] * (8 - bin(b).count("1")) for b in range(256)],
+                   np.int64)
+"""Where they are, lowest first (row b, the first ``_SET_BITS[b]`` entries)."""
 
 
 @njit(inline="always", cache=True)
@@ -39,24 +50,31 @@ def _write(out: np.ndarray, idx: np.ndarray, bits: np.ndarray, counts: np.ndarra
         low_at = at + HEADER
         high_at = low_at + (n * low + 7) // 8
         val_at = high_at + ((n + ((universe - 1) >> low) + 1 + 7) // 8 if n else 0)
+        acc, held, byte = 0, 0, low_at  # the low bits stream out through a 64-bit accumulator
         for i in range(n):
             x = idx[first + i]
-            part = x & mask
-            for t in range(low):
-                if (part >> t) & 1:
-                    bit = i * low + t
-                    out[low_at + bit // 8] |= np.uint8(1 << (bit % 8))
+            acc |= (x & mask) << held
+            held += low
+            while held >= 8:
+                out[byte] = acc & 0xFF
+                acc >>= 8
+                held -= 8
+                byte += 1
             h = (x >> low) + i
             out[high_at + h // 8] |= np.uint8(1 << (h % 8))
             half = _bf16(bits[first + i])
             out[val_at + 2 * i] = half & 0xFF
             out[val_at + 2 * i + 1] = half >> 8
+        if held:
+            out[byte] = acc & 0xFF
         first += n
 
 
 def encode(idx: np.ndarray, vals: np.ndarray, counts: np.ndarray, universe: int,
            low: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`.pair_format.encode`: (messages (m,) uint8, bytes of each (M,) int32)."""
+    if low > WIDEST_LOW:
+        return pair_format.encode(idx, vals, counts, universe, low)
     counts = np.asarray(counts, np.int64)
     sizes = np.array([message_bytes(n, universe, low) for n in counts.tolist()], np.int64)
     out = np.zeros(int(sizes.sum()), np.uint8)
@@ -91,27 +109,30 @@ def _read(buf: np.ndarray, counts: np.ndarray, universe: int, low: int, idx: np.
     False if a high section does not hold exactly its count of set bits."""
     first = 0
     at = 0
+    mask = (1 << low) - 1
     for m in range(counts.shape[0]):
         n = counts[m]
         low_at = at + HEADER
         high_at = low_at + (n * low + 7) // 8
         high_bytes = (n + ((universe - 1) >> low) + 1 + 7) // 8 if n else 0
         val_at = high_at + high_bytes
+        acc, held, byte = 0, 0, low_at  # the low bits stream in through a 64-bit accumulator
         for i in range(n):
-            part = 0
-            for t in range(low):
-                bit = i * low + t
-                part |= np.int64((buf[low_at + bit // 8] >> (bit % 8)) & 1) << t
-            idx[first + i] = part
+            while held < low:
+                acc |= np.int64(buf[byte]) << held
+                held += 8
+                byte += 1
+            idx[first + i] = acc & mask
+            acc >>= low
+            held -= low
         i = 0
-        for byte in range(high_bytes):
-            b = buf[high_at + byte]
-            for r in range(8):
-                if (b >> r) & 1:
-                    if i == n:
-                        return False
-                    idx[first + i] |= (byte * 8 + r - i) << low
-                    i += 1
+        for at_byte in range(high_bytes):
+            b = buf[high_at + at_byte]
+            if i + _SET_BITS[b] > n:
+                return False
+            for j in range(_SET_BITS[b]):
+                idx[first + i] |= (at_byte * 8 + _SET_AT[b, j] - i) << low
+                i += 1
         if i != n:
             return False
         for i in range(n):
@@ -126,6 +147,8 @@ def decode(buf: np.ndarray, universe: int, low: int) -> tuple[np.ndarray, np.nda
     Raises ValueError for bytes that are not messages of this format (one running past the
     buffer, or a high section that disagrees with its count)."""
     buf = np.ascontiguousarray(buf, np.uint8)
+    if low > WIDEST_LOW:
+        return pair_format.decode(buf, universe, low)
     counts = _message_counts(buf, int(universe), int(low))
     if counts.size and counts[-1] < 0:
         raise ValueError(f"compact pairs: a message runs past the end of the {buf.size}-byte buffer")

@@ -16,7 +16,10 @@ The output ends with ``sparse_vs_topk_allgather <ratio>``, ``defaults_vs_topk_al
 <ratio>`` and ``gtopk_vs_topk_allgather <ratio>``: the forced sparse exchange's, GsSketch's
 defaults' and gTop-k's compute over top-k allgather's at P = 4, k = D/1000; then
 ``compact_vs_fp32 defaults <x> sparse <y>``: the defaults' and the sparse exchange's compute with
-the compact wire over the same with ``wire="fp32"`` (what encoding and decoding add).
+the compact wire over the same with ``wire="fp32"`` (what encoding and decoding add). It starts
+with ``codec_vs_selection`` for each (P, k): the defaults' seconds encoding and decoding compact
+pairs over their seconds selecting (``top_abs``), the busiest rank, per step (``--codec``: only
+these lines).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any, Callable
 
 import torch
@@ -70,6 +74,13 @@ METHODS: dict[str, Callable[[float, list, int], Any]] = {  # (ratio, shapes, ran
 }
 
 
+RATIOS = {  # the summary lines at P = 4, k = D/1000: (method, over this method)
+    "sparse_vs_topk_allgather": ("gs-SGD (exchange=sparse)", "top-k allgather"),
+    "defaults_vs_topk_allgather": ("gs-SGD (defaults)", "top-k allgather"),
+    "gtopk_vs_topk_allgather": ("gTop-k", "top-k allgather"),
+}
+
+
 def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> list[dict]:
     """Seconds of the busiest rank's compute per step for each method: median (and min, max)
     over ``steps`` timed steps after one untimed step (kernel compilation, warm starts). The
@@ -96,6 +107,56 @@ def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int
             for m, t in times.items()]
 
 
+class TimedOps(TorchOps):
+    """TorchOps that adds up the seconds spent encoding and decoding compact pairs and selecting
+    (``top_abs``) in ``seconds`` (keys "codec", "selection")."""
+
+    def __init__(self, backend: str = "auto") -> None:
+        super().__init__(backend)
+        self.seconds = {"codec": 0.0, "selection": 0.0}
+
+    def _timed(self, key: str, fn: Callable, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.seconds[key] += time.perf_counter() - t0
+        return out
+
+    def pack_pairs(self, *args: Any) -> Any:
+        return self._timed("codec", super().pack_pairs, *args)
+
+    def unpack_pairs(self, *args: Any) -> Any:
+        return self._timed("codec", super().unpack_pairs, *args)
+
+    def top_abs(self, *args: Any) -> Any:
+        return self._timed("selection", super().top_abs, *args)
+
+
+def codec_share(ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> dict:
+    """The compact codec's share of the defaults' step: the busiest rank's seconds encoding and
+    decoding pairs and its seconds selecting (``top_abs``: the pre-filter and, under the sparse
+    exchange, the owners' selection), over ``steps`` steps after one untimed, one thread."""
+    grads = []
+    for r in range(ranks):
+        g = torch.Generator().manual_seed(r)
+        grads.append([(n, torch.randn(s, generator=g)) for n, s in zip(NAMES, shapes)])
+    states = [GsRank(ratio, shapes, ranks) for _ in range(ranks)]
+    for state in states:
+        state.ops = TimedOps(state.config.backend)
+    for step in range(steps + 1):
+        if step == 1:
+            for state in states:
+                state.ops.seconds = {"codec": 0.0, "selection": 0.0}
+
+        def one_step(rank: int, comm: Any) -> None:
+            torch.set_num_threads(1)
+            states[rank].reduce(grads[rank], comm)
+
+        SimulatedRanks(ranks).run(one_step)
+    busiest = max(states, key=lambda s: s.ops.seconds["codec"])
+    return {"ranks": ranks, "ratio": ratio, "exchange": states[0].plan.exchange,
+            "codec_s": busiest.ops.seconds["codec"] / steps, "selection_s": busiest.ops.seconds["selection"] / steps}
+
+
 def table(rows: list[dict]) -> str:
     cells = sorted({(r["ranks"], r["ratio"]) for r in rows}, key=lambda c: (c[0], -c[1]))
     at = {(r["method"], r["ranks"], r["ratio"]): r for r in rows}
@@ -117,7 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--steps", type=int, default=3, help="timed steps per cell")
     p.add_argument("--scale", type=int, default=1, help="divide every matrix's rows by this (smaller D)")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS), metavar="METHOD",
+                   help=f"a subset of {list(METHODS)} (default: all)")
     p.add_argument("--quick", action="store_true", help="P = 4, k = D/1000, one timed step")
+    p.add_argument("--codec", action="store_true",
+                   help="only the codec's time over the selection's (codec_vs_selection lines)")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args(argv)
     return args
@@ -128,10 +193,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.ranks, args.ratios, args.steps = [4], [0.001], 1
     shapes = [(a // args.scale, b) for a, b in SHAPES]
+    torch.set_num_threads(1)
+    for P in args.ranks:
+        for ratio in args.ratios:
+            share = codec_share(ratio, P, shapes, args.steps)
+            print(f"codec_vs_selection P={P} k=D·{ratio:g} {share['codec_s'] / share['selection_s']:.3f} "
+                  f"({share['exchange']}: {1e3 * share['codec_s']:.2f} ms against {1e3 * share['selection_s']:.1f} ms)",
+                  flush=True)
+    if args.codec:
+        return
     rows = []
     for P in args.ranks:
         for ratio in args.ratios:
-            for row in measure(list(METHODS), ratio, P, shapes, args.steps):
+            for row in measure(args.methods, ratio, P, shapes, args.steps):
                 rows.append(row)
                 print(f"[bench_compute] P={P} k=D·{ratio:g} {row['method']}: {row['median_s']:.3f} s", flush=True)
     print(table(rows))
@@ -139,14 +213,14 @@ def main(argv: list[str] | None = None) -> None:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)
     if (4, 0.001) in {(r["ranks"], r["ratio"]) for r in rows}:
-        at = {(r["method"], r["ranks"], r["ratio"]): r["median_s"] for r in rows}
-        topk = at['top-k allgather', 4, 0.001]
-        print(f"sparse_vs_topk_allgather {at['gs-SGD (exchange=sparse)', 4, 0.001] / topk:.3f}")
-        print(f"defaults_vs_topk_allgather {at['gs-SGD (defaults)', 4, 0.001] / topk:.3f}")
-        print(f"gtopk_vs_topk_allgather {at['gTop-k', 4, 0.001] / at['top-k allgather', 4, 0.001]:.3f}")
-        defaults = at['gs-SGD (defaults)', 4, 0.001] / at['gs-SGD (wire=fp32)', 4, 0.001]
-        sparse = at['gs-SGD (exchange=sparse)', 4, 0.001] / at['gs-SGD (exchange=sparse, wire=fp32)', 4, 0.001]
-        print(f"compact_vs_fp32 defaults {defaults:.3f} sparse {sparse:.3f}")
+        at = {r["method"]: r["median_s"] for r in rows if (r["ranks"], r["ratio"]) == (4, 0.001)}
+        for line, (over, under) in RATIOS.items():
+            if over in at and under in at:
+                print(f"{line} {at[over] / at[under]:.3f}")
+        pairs = [at.get(m) for m in ("gs-SGD (defaults)", "gs-SGD (wire=fp32)", "gs-SGD (exchange=sparse)",
+                                     "gs-SGD (exchange=sparse, wire=fp32)")]
+        if None not in pairs:
+            print(f"compact_vs_fp32 defaults {pairs[0] / pairs[1]:.3f} sparse {pairs[2] / pairs[3]:.3f}")
 
 
 if __name__ == "__main__":
