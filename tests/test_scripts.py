@@ -356,6 +356,20 @@ def test_bench_convergence_simulated(tmp_path: Path) -> None:
     assert float(x) > 0 and float(y) > 0
 
 
+def test_bench_compute_codec(tmp_path: Path) -> None:
+    """``bench_compute.py --codec`` (D scaled down): the defaults' codec and selection seconds
+    per step at each P, the exchange ``auto`` ran, and the printed ratio of the two."""
+    out = run_script("bench/bench_compute.py", "--codec", "--ranks", "2", "64", "--ratios", "0.001",
+                     "--steps", "1", "--scale", "64", "--out", str(tmp_path / "codec.json"))
+    rows = json.loads((tmp_path / "codec.json").read_text())
+    assert [(r["ranks"], r["exchange"]) for r in rows] == [(2, "allgather"), (64, "sparse")]
+    assert all(r["codec_s"] > 0 and r["selection_s"] > 0 for r in rows)
+    lines = [line.split() for line in out.strip().splitlines() if line.startswith("codec_vs_selection")]
+    for line, r in zip(lines, rows):
+        assert line[1] == f"P={r['ranks']}"
+        assert float(line[3]) == pytest.approx(r["codec_s"] / r["selection_s"], abs=5e-4)
+
+
 def test_bench_compute_quick(tmp_path: Path) -> None:
     """``bench_compute.py --quick`` (D scaled down): every method timed, and the last lines are
     the documented ratios of the rows' medians."""

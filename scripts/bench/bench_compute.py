@@ -19,7 +19,7 @@ defaults' and gTop-k's compute over top-k allgather's at P = 4, k = D/1000; then
 the compact wire over the same with ``wire="fp32"`` (what encoding and decoding add). It starts
 with ``codec_vs_selection`` for each (P, k): the defaults' seconds encoding and decoding compact
 pairs over their seconds selecting (``top_abs``), the busiest rank, per step (``--codec``: only
-these lines).
+these lines; with ``--out``, their rows).
 """
 
 from __future__ import annotations
@@ -194,13 +194,18 @@ def main(argv: list[str] | None = None) -> None:
         args.ranks, args.ratios, args.steps = [4], [0.001], 1
     shapes = [(a // args.scale, b) for a, b in SHAPES]
     torch.set_num_threads(1)
+    shares = []
     for P in args.ranks:
         for ratio in args.ratios:
             share = codec_share(ratio, P, shapes, args.steps)
+            shares.append(share)
             print(f"codec_vs_selection P={P} k=D·{ratio:g} {share['codec_s'] / share['selection_s']:.3f} "
                   f"({share['exchange']}: {1e3 * share['codec_s']:.2f} ms against {1e3 * share['selection_s']:.1f} ms)",
                   flush=True)
     if args.codec:
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(shares, f, indent=1)
         return
     rows = []
     for P in args.ranks:

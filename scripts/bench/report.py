@@ -122,6 +122,42 @@ for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
                      "cnn_ddp2": "convergence_cnn_ddp2.json"}.items():
     block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, (0.01, 0.001)))
+def gs_ratios(runs: dict) -> tuple[float, ...]:
+    """The k/D gs ran at in ``runs``, descending."""
+    return tuple(sorted((float(k.rsplit(" @ ", 1)[1]) for k in runs if k.rsplit(" @ ", 1)[0] == "gs"), reverse=True))
+
+
+def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
+    """For each PowerSGD rank in ``name``: the gs run whose whole cumulative wire budget is
+    nearest PowerSGD's own, gs's final metric there against PowerSGD's at gs's budget
+    (:func:`bench_convergence.at_budget`), and their ratio (means over seeds)."""
+    runs = load(docs, name)
+    metric = metric_of(runs)
+    lines = []
+    for key in (k for k in runs if k.startswith("powersgd")):
+        own = conv.gs_budget(runs[key], metric)[1]
+        ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
+        last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+        got = conv.at_budget(runs[key], metric, sent)
+        behind = "above 1: gs behind" if metric == "perplexity" else "below 1: gs behind"
+        if got.status == "starts beyond":
+            lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no gs run near its budget ({own:.3g} MB); "
+                         f"gs at k = D/{round(1 / ratio)} sent {sent:.3g} MB in all")
+            continue
+        lines.append(f"- {key.rsplit(' @ ', 1)[0]} (its whole budget {own:.3g} MB) against gs at "
+                     f"k = D/{round(1 / ratio)} ({sent:.3g} MB): {metric} {last:.4g} against {got.text()} "
+                     f"at gs's bytes, gs ÷ PowerSGD {last / got.value:.2f} ({behind})")
+    return "\n".join(lines)
+
+
+EQUAL_BYTES = {"cnn_sim16": "equal_bytes/convergence_cnn_sim16.json",
+               "lm_sim16": "equal_bytes/convergence_lm_sim16.json",
+               "cnn_sim64": "equal_bytes/convergence_cnn_sim64.json"}
+"""bench_convergence.py's equal-bytes study (``--out-dir docs/equal_bytes``): gs at several k."""
+for _name, _file in EQUAL_BYTES.items():
+    block(f"equal_bytes.{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
+    block(f"equal_bytes.{_name}.at_budget")(lambda docs, f=_file: equal_bytes_table(docs, f, gs_ratios(load(docs, f))))
+    block(f"equal_bytes.{_name}.powersgd")(lambda docs, f=_file: powersgd_at_equal_bytes(docs, f))
 for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
                              ("lm_sim16", "convergence_lm_sim16.json", 16),
                              ("cnn_sim64", "convergence_cnn_sim64.json", 64),
@@ -477,8 +513,35 @@ def kernels(docs: Path) -> str:
 
 
 for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.full": "bench_compute.json",
-                     "compute.quick": "bench_compute_quick.json"}.items():
+                     "compute.quick": "bench_compute_quick.json",
+                     "compute.compact": "bench_compute_compact.json"}.items():
     block(_name)(lambda docs, f=_file: __import__("bench_compute").table(load(docs, f)))
+
+
+@block("codec.table")
+def codec_table(docs: Path) -> str:
+    """``bench_compute.py --codec``'s rows (``docs/bench_codec.json``): the defaults' seconds in
+    the compact codec and in selection per step, the busiest rank, and their ratio."""
+    lines = ["| P | k | exchange (`auto`) | codec ms/step | selection ms/step | codec ÷ selection |",
+             "|---|---|---|---|---|---|"]
+    for r in load(docs, "bench_codec.json"):
+        lines.append(f"| {r['ranks']} | D/{round(1 / r['ratio'])} | {r['exchange']} | {1e3 * r['codec_s']:.2f} "
+                     f"| {1e3 * r['selection_s']:.1f} | {r['codec_s'] / r['selection_s']:.3f} |")
+    return "\n".join(lines)
+
+
+@block("codec.most")
+def codec_most(docs: Path) -> str:
+    """The largest codec ÷ selection ratio in ``docs/bench_codec.json``, as a percentage."""
+    return f"{100 * max(r['codec_s'] / r['selection_s'] for r in load(docs, 'bench_codec.json')):.1f} %"
+
+
+@block("compute.compact.defaults_vs_topk")
+def compact_defaults_vs_topk(docs: Path) -> str:
+    """The defaults' median compute per step over top-k allgather's at P = 4, k = D/1000, from
+    ``docs/bench_compute_compact.json`` (one run, side by side)."""
+    rows = {r["method"]: r for r in load(docs, "bench_compute_compact.json") if (r["ranks"], r["ratio"]) == (4, 0.001)}
+    return f"{rows['gs-SGD (defaults)']['median_s'] / rows['top-k allgather']['median_s']:.2f}×"
 
 
 @block("step.table")
