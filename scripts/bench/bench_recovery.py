@@ -419,7 +419,8 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     (top-k allgather) and "sketch"; 'sizing' is the study of issue 20: the sketch forced at
     widths 2–16 and 1, 2 or 4 candidates, the allgather forced at pre-filters 1 and 2, each
     applying the top k or all fetched values; 'rule' the two exchanges "auto" chooses between:
-    "sparse" and "allgather" at its own defaults (the union applied)."""
+    "sparse" and "allgather" at its own defaults (the union applied); 'prefilter' those two with
+    each rank nominating its top (L·k), L = 1, 2, 3 (sparse) and 1, 2 (allgather)."""
     shipped = shipped_settings()
     if level == "none":
         return
@@ -435,6 +436,12 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
                 yield replace(shipped, exchange="allgather", prefilter=pre, candidates=m, apply=apply)
         for apply in ("topk", "all"):  # "all" without the exact round: top-k allgather in the engine
             yield replace(shipped, exchange="allgather", exact=False, apply=apply)
+    elif level == "prefilter":
+        for pre in (1, 2, 3):
+            yield replace(shipped, exchange="sparse", prefilter=pre)
+        for pre in (1, 2):
+            yield replace(shipped, exchange="allgather", prefilter=pre)  # its own defaults: the union applied
+        return
     elif level == "rule":
         yield replace(shipped, exchange="sparse")
         yield replace(shipped, exchange="allgather")  # its own defaults: no exact round, the union applied
@@ -763,7 +770,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
     p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "exchanges", "rule",
-                                      "none"], default="full")
+                                      "prefilter", "none"], default="full")
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
                    help="initial weights and micro-batches (0: the start of every earlier record)")
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")

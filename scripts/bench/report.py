@@ -846,9 +846,27 @@ def gtopk_over_sketch(docs: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # time to accuracy (bench_time_to_accuracy.py's runs, docs/time_to_accuracy.jsonl)
 
-def tta_summary(docs: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (docs / "time_to_accuracy.jsonl").read_text().splitlines() if line.strip()]
+def tta_summary(docs: Path, name: str = "time_to_accuracy.jsonl") -> list[dict]:
+    rows = [json.loads(line) for line in (docs / name).read_text().splitlines() if line.strip()]
     return tta.summarise(rows, tta.targets_of([]))
+
+
+@block("time_to_accuracy.compact")
+def time_to_accuracy_compact(docs: Path) -> str:
+    """``docs/time_to_accuracy_compact.jsonl`` (the defaults with the compact wire and top-k
+    allgather, side by side in one study): per (workload, P, link) both methods' seconds to the
+    target and the defaults' over top-k allgather's."""
+    summary = tta_summary(docs, "time_to_accuracy_compact.jsonl")
+    lines = ["| workload | P | link | the defaults (gs) | top-k allgather | gs ÷ top-k allgather |",
+             "|---|---|---|---|---|---|"]
+    for key in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
+        mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
+        gs, topk = mine.get("gs"), mine.get("topk")
+        both = gs and topk and gs["reached"] == gs["repeats"] and topk["reached"] == topk["repeats"]
+        ratio = f"{gs['mean_seconds'] / topk['mean_seconds']:.2f}" if both else "—"
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {seconds_to_target(gs) if gs else '—'} "
+                     f"| {seconds_to_target(topk) if topk else '—'} | {ratio} |")
+    return "\n".join(lines)
 
 
 def method_slug(method: str) -> str:
