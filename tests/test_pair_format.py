@@ -58,7 +58,7 @@ def test_round_trip_and_sizes(universe, messages):
     assert np.array_equal(n_idx, idx) and np.array_equal(n_vals, got_vals) and n_counts.tolist() == counts.tolist()
 
 
-def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_refuses_broken_messages():
+def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_refuses_what_it_cannot_hold():
     vals = np.array([3.4e38, -3.4e38, 1e-42, np.nan, -np.nan, np.inf, -np.inf, -0.0, 1.0 + 2**-8, 3.3e38],
                     np.float32)
     idx, counts = np.arange(vals.size), np.array([vals.size])
@@ -67,6 +67,11 @@ def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_ref
     for broken in (buf[:-1], buf[:3], np.concatenate([buf, buf[:2]])):
         with pytest.raises(ValueError, match="runs past the end"):
             numba_pairs.decode(broken, 64, 2)
+    for bad_idx in (np.array([3, 2]), np.array([2, 2]), np.array([0, 64]), np.array([-1, 3])):
+        with pytest.raises(ValueError, match="not ascending, distinct and in"):
+            numba_pairs.encode(bad_idx, vals[:2], np.array([2]), 64, 2)
+    with pytest.raises(ValueError, match="indices and"):
+        numba_pairs.encode(idx, vals, np.array([3]), 64, 2)
     wrong = buf.copy()
     wrong[pf.HEADER + (vals.size * 2 + 7) // 8] ^= 0xFF  # the first byte of the high bits
     with pytest.raises(ValueError, match="high bits disagree"):

@@ -37,9 +37,10 @@ def _bf16(u: np.uint32) -> int:
 
 @njit(cache=True)
 def _write(out: np.ndarray, idx: np.ndarray, bits: np.ndarray, counts: np.ndarray, starts: np.ndarray,
-           universe: int, low: int) -> None:
+           universe: int, low: int) -> bool:
     """Every message of ``counts`` pairs (values as float32 ``bits``) into the zeroed ``out`` at
-    ``starts`` (its bytes)."""
+    ``starts`` (its bytes); False, with the message left unfinished, at an index out of
+    [0, universe) or not above the one before it in its message."""
     first = 0
     mask = (1 << low) - 1
     for m in range(counts.shape[0]):
@@ -51,8 +52,12 @@ def _write(out: np.ndarray, idx: np.ndarray, bits: np.ndarray, counts: np.ndarra
         high_at = low_at + (n * low + 7) // 8
         val_at = high_at + ((n + ((universe - 1) >> low) + 1 + 7) // 8 if n else 0)
         acc, held, byte = 0, 0, low_at  # the low bits stream out through a 64-bit accumulator
+        last = -1
         for i in range(n):
             x = idx[first + i]
+            if x <= last or x >= universe:
+                return False
+            last = x
             acc |= (x & mask) << held
             held += low
             while held >= 8:
@@ -68,18 +73,24 @@ def _write(out: np.ndarray, idx: np.ndarray, bits: np.ndarray, counts: np.ndarra
         if held:
             out[byte] = acc & 0xFF
         first += n
+    return True
 
 
 def encode(idx: np.ndarray, vals: np.ndarray, counts: np.ndarray, universe: int,
            low: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`.pair_format.encode`: (messages (m,) uint8, bytes of each (M,) int32)."""
+    """:func:`.pair_format.encode`: (messages (m,) uint8, bytes of each (M,) int32). Raises
+    ValueError for pairs the format cannot hold (indices not ascending and distinct within a
+    message, or outside [0, universe); counts that do not add up to the pairs)."""
     if low > WIDEST_LOW:
         return pair_format.encode(idx, vals, counts, universe, low)
     counts = np.asarray(counts, np.int64)
+    idx, vals = np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(vals, np.float32)
+    if idx.shape != vals.shape or int(counts.sum()) != idx.size or (counts < 0).any():
+        raise ValueError(f"compact pairs: {idx.size} indices and {vals.size} values for messages of {counts.tolist()}")
     sizes = np.array([message_bytes(n, universe, low) for n in counts.tolist()], np.int64)
     out = np.zeros(int(sizes.sum()), np.uint8)
-    _write(out, np.ascontiguousarray(idx, np.int64), np.ascontiguousarray(vals, np.float32).view(np.uint32), counts,
-           np.cumsum(sizes) - sizes, int(universe), int(low))
+    if not _write(out, idx, vals.view(np.uint32), counts, np.cumsum(sizes) - sizes, int(universe), int(low)):
+        raise ValueError(f"compact pairs: a message's indices are not ascending, distinct and in [0, {universe})")
     return out, sizes.astype(np.int32)
 
 

@@ -242,6 +242,12 @@ def sim_vs_real(docs: Path) -> str:
             f"{', '.join(f'{a:.4f}' for a in sim)} simulated")
 
 
+def record_file(stem: str) -> str:
+    """The convergence record a figure's FILE names: ``convergence_FILE.json`` in docs/, or with
+    an ``eq_`` prefix the equal-bytes study's (``eq_cnn_sim16``: :data:`EQUAL_BYTES`)."""
+    return EQUAL_BYTES[stem[3:]] if stem.startswith("eq_") else f"convergence_{stem}.json"
+
+
 def run_figure(docs: Path, name: str) -> str:
     """An inline figure of a convergence record, named ``WHAT.FILE.METHOD.K``: FILE the record's
     stem after ``convergence_`` (``cnn``, ``lm_ddp4``, ...), METHOD its label with ``-`` for spaces,
@@ -251,7 +257,7 @@ def run_figure(docs: Path, name: str) -> str:
     ratio K is ``1-vs-GSK``, gs's ratio)."""
     what, stem, method, ratio = name.split(".", 3)
     ratio, _, gs_ratio = ratio.partition("-vs-")
-    runs = load(docs, f"convergence_{stem}.json")
+    runs = load(docs, record_file(stem))
     metric = metric_of(runs)
     key = f"{method.replace('-', ' ')} @ {ratio}"
     seeds = runs[key]
@@ -267,7 +273,7 @@ def spread(docs: Path, name: str) -> str:
     """``spread.FILE.METHOD.K``: the final metric's mean ± half range over seeds (accuracy to 3
     decimals, perplexity to 1), as :func:`run_figure` names records."""
     _, stem, method, ratio = name.split(".", 3)
-    runs = load(docs, f"convergence_{stem}.json")
+    runs = load(docs, record_file(stem))
     metric = metric_of(runs)
     finals = [r["history"][-1][metric] for r in runs[f"{method.replace('-', ' ')} @ {ratio}"].values()]
     mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
@@ -279,7 +285,7 @@ def seeds_ahead(docs: Path, name: str) -> str:
     """``ahead.FILE.METHOD.K``: in how many seeds gs at K = 0.001 ended ahead of METHOD (@ K, as
     :func:`run_figure` names records; higher accuracy, lower perplexity), out of the seeds both ran."""
     _, stem, method, ratio = name.split(".", 3)
-    runs = load(docs, f"convergence_{stem}.json")
+    runs = load(docs, record_file(stem))
     metric = metric_of(runs)
     gs, other = runs["gs @ 0.001"], runs[f"{method.replace('-', ' ')} @ {ratio}"]
     seeds = [k for k in gs if k in other]
@@ -313,15 +319,20 @@ def sparse_vs_gtopk(docs: Path, name: str) -> str:
 
 
 def recovery_figure(docs: Path, name: str) -> str:
-    """``rs.WHAT.P.METHOD`` from ``docs/recovery_sparse.jsonl``: the delivered mass (WHAT ``mass``)
-    or wire kB a step (``kb``) of METHOD at P: ``defaults`` (gs, ``exchange="auto"``), ``sparse``,
-    ``sketch`` (gs at that exchange, shipped sizes) or ``gtopk`` (gTop-k over all weights)."""
-    _, what, ranks, method = name.split(".")
-    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    """``rs.WHAT.P.METHOD`` from ``docs/recovery_sparse.jsonl`` (``rw.…``: from
+    ``docs/recovery_wire.jsonl``, the pair exchanges with compact pairs): the delivered mass (WHAT
+    ``mass``) or wire kB a step (``kb``) of METHOD at P: ``defaults`` (gs, ``exchange="auto"``),
+    ``sparse``, ``sketch`` (gs at that exchange, shipped sizes), ``gtopk`` (gTop-k over all
+    weights) or ``gtopk-compact`` (the same with compact pairs, ``rw`` only)."""
+    family, what, ranks, method = name.split(".")
+    data = "recovery_wire.jsonl" if family == "rw" else "recovery_sparse.jsonl"
+    records = [json.loads(line) for line in (docs / data).read_text().splitlines() if line.strip()]
     exchange = {"defaults": "auto", "sparse": "sparse", "sketch": "sketch"}.get(method)
+    peers = {"gtopk": "gTop-k (global)", "gtopk-compact": "gTop-k (global, compact pairs)"}
     r = next(r for r in records if r["P"] == int(ranks) and (
-        r["method"] == "gTop-k (global)" if method == "gtopk" else
-        "rows" in r and r["exchange"] == exchange and not r.get("apply")))
+        r["method"] == peers[method] if method in peers else
+        "rows" in r and r["exchange"] == exchange and not r.get("apply")
+        and (family == "rs" or exchange == "sketch" or r.get("wire_format") == "compact")))
     return f"{r['mass']:.3f}" if what == "mass" else f"{r['wire'] / 1e3:.1f}"
 
 
@@ -355,7 +366,7 @@ def generator(name: str) -> Block | None:
         return lambda docs: sparse_vs_gtopk(docs, name)
     if family == "sketch_vs_gtopk" and name.count(".") == 1:
         return lambda docs: sketch_vs_gtopk(docs, name)
-    if family == "rs" and name.count(".") == 3:
+    if family in ("rs", "rw") and name.count(".") == 3:
         return lambda docs: recovery_figure(docs, name)
     if family == "tta" and name.count(".") == 4:
         return lambda docs: time_to_accuracy_figure(docs, name)
@@ -369,7 +380,37 @@ def generator(name: str) -> Block | None:
         return lambda docs: compute_vs_topk(docs, name)
     if family == "tput" and name.count(".") == 3:
         return lambda docs: throughput_ratio(docs, name)
+    if family == "eb" and name.count(".") == 3:
+        return lambda docs: equal_bytes_figure(docs, name)
     return None
+
+
+def equal_bytes_figure(docs: Path, name: str) -> str:
+    """``eb.WHAT.STUDY.PEER`` from ``docs/equal_bytes/convergence_STUDY.json`` (PEER a PowerSGD
+    label with "-" for spaces): gs at the k whose whole budget is nearest PEER's, WHAT ``gs`` its
+    final metric, ``peer`` PEER's at gs's bytes (:func:`bench_convergence.at_budget`), ``ratio``
+    gs's over PEER's, ``k`` that k as D/n, ``kb`` gs's wire kB a step there."""
+    _, what, study, peer = name.split(".")
+    runs = load(docs, EQUAL_BYTES[study])
+    metric = metric_of(runs)
+    key = f"{peer.replace('-', ' ')} @ 1"
+    own = conv.gs_budget(runs[key], metric)[1]
+    ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
+    last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    got = conv.at_budget(runs[key], metric, sent)
+    digits = 1 if metric == "perplexity" else 3
+    if what == "gs":
+        return f"{last:.{digits}f}"
+    if what == "peer":
+        return f"{got.value:.{digits}f}"
+    if what == "ratio":
+        return f"{last / got.value:.2f}×"
+    if what == "k":
+        return f"D/{round(1 / ratio)}"
+    if what == "kb":
+        seeds = runs[f"gs @ {ratio:g}"]
+        return f"{sum(r['history'][-1]['wire_bytes_per_step'] for r in seeds.values()) / len(seeds) / 1e3:.1f}"
+    raise KeyError(f"{name}: WHAT is gs, peer, ratio, k or kb")
 
 
 DEMO_RUNS = {"gs": "(the defaults)", "none": "--compression none", "sketch": "--gs exchange=sketch"}
@@ -783,6 +824,34 @@ def recovery_rule(docs: Path) -> str:
     import bench_recovery
 
     return bench_recovery.rule_markdown(bench_recovery.read_records([str(docs / "recovery_rule.jsonl")]))
+
+
+@block("recovery.prefilter")
+def recovery_prefilter(docs: Path) -> str:
+    """``docs/recovery_prefilter.jsonl`` (``bench_recovery.py --grid prefilter``): per task, P,
+    exchange and pre-filter L, the delivered mass, the wire bytes and the mass per wire byte,
+    median [min–max] over the seeds, and the mass per byte over L = 1's (same exchange, seed)."""
+    import statistics
+
+    import bench_recovery
+
+    records = [r for r in bench_recovery.read_records([str(docs / "recovery_prefilter.jsonl")]) if "rows" in r]
+    base = {(r["task"], r["P"], r["exchange"], r.get("seed", 0)): r["mass"] / r["wire"] for r in records
+            if r["prefilter"] == 1}
+    cells: dict[tuple, list[dict]] = {}
+    for r in records:
+        cells.setdefault((r["task"], r["P"], r["exchange"], r["prefilter"]), []).append(r)
+
+    def spread(xs: list[float], fmt: str) -> str:
+        return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}–{max(xs):{fmt}}]"
+
+    lines = ["| task | P | exchange | L | seeds | delivered mass | wire kB / step | mass per wire byte ÷ L = 1's |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (task, P, exchange, pre), rs in sorted(cells.items()):
+        per_byte = [r["mass"] / r["wire"] / base[(task, P, exchange, r.get("seed", 0))] for r in rs]
+        lines.append(f"| {task} | {P} | {exchange} | {pre} | {len(rs)} | {spread([r['mass'] for r in rs], '.3f')} "
+                     f"| {spread([r['wire'] / 1e3 for r in rs], '.1f')} | {spread(per_byte, '.2f')} |")
+    return "\n".join(lines)
 
 
 def rule_cells(docs: Path) -> list[dict]:
