@@ -29,6 +29,40 @@ def demo_arguments(description: str, compressions: list[str]) -> argparse.Argume
     return p
 
 
+def lm_arguments(description: str, compressions: list[str]) -> argparse.ArgumentParser:
+    """The flags of the LSTM language-model examples (``train_lm.py``, ``train_fsdp.py --model
+    lm``): step budget, data, model, Adam, output, and :func:`add_compression_flags`."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=60, help="training steps (a multiple of --eval-every)")
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=8, help="windows per rank per step")
+    p.add_argument("--seq", type=int, default=64, help="bytes per training window")
+    p.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
+    p.add_argument("--embed", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=1536)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows of --eval-seq bytes")
+    p.add_argument("--eval-seq", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the history to this file (rank 0)")
+    add_compression_flags(p, compressions)
+    return p
+
+
+def check_lm_budget(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args``, once ``--steps`` is a multiple of ``--eval-every`` (else ``p.error``)."""
+    if args.steps % args.eval_every:
+        p.error(f"--steps {args.steps} is not a multiple of --eval-every {args.eval_every}")
+    return args
+
+
+def local_bytes(model: Any) -> int:
+    """Bytes of this rank's parameters: each one's local tensor (under FSDP, this rank's shard)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters())
+
+
 def add_compression_flags(p: argparse.ArgumentParser, compressions: list[str]) -> None:
     """--compression and GsSketch's options. A GsSketch option the user does not give is not
     passed, so GsSketch's own defaults apply; ``--gs NAME=VALUE`` passes any other option."""

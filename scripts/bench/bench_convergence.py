@@ -7,6 +7,7 @@ seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or 
     python scripts/bench/bench_convergence.py --quick --out-dir /tmp/conv          # a smoke subset
     python scripts/bench/bench_convergence.py --launcher torchrun --ranks 2 --out-dir docs   # DDP hooks
     python scripts/bench/bench_convergence.py --launcher fsdp --ranks 4 --replicas 2 --out-dir docs   # HSDP 2 × 2
+    python scripts/bench/bench_convergence.py --launcher fsdp --model lm --hidden 512 --steps 60 --out-dir docs
     python scripts/bench/bench_convergence.py --simulated-ranks 16 --out-dir docs      # 16 ranks in one process
     python scripts/bench/bench_convergence.py --simulated-ranks 16 --quick              # ends gs_vs_best ...
 
@@ -16,9 +17,9 @@ half the range over seeds) to stdout. A run that fails is reported and left out,
 ``--launcher torchrun`` runs the model's script under ``torchrun`` instead: DistributedDataParallel
 with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
 hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--launcher fsdp`` runs
-``scripts/examples/train_fsdp.py`` (the CNN) under ``torchrun`` on an R × S mesh (``--replicas R``,
-S = RANKS / R): ``gs`` is GsFsdpState across the replicas, ``dense`` plain HSDP
-(:data:`FSDP_LABELS`), into ``convergence_cnn_fsdp<R>x<S>.*``. ``--simulated-ranks P``
+``scripts/examples/train_fsdp.py`` (the CNN or the LM) under ``torchrun`` on an R × S mesh
+(``--replicas R``, S = RANKS / R): ``gs`` is GsFsdpState across the replicas, ``dense`` plain
+HSDP (:data:`FSDP_LABELS`), into ``convergence_<model>_fsdp<R>x<S>.*``. ``--simulated-ranks P``
 runs each script with ``--simulated-ranks P`` instead (P ranks in one process: the engine and
 the baselines on simulated collectives, :class:`gs_bench.cli.SimulatedTrainingRanks`),
 into ``convergence_<model>_sim<P>.*``; its ``--quick`` (the CNN, 2 epochs, batch 8 per rank,
@@ -160,7 +161,7 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
         launcher = os.path.join(os.path.dirname(sys.executable), args.launcher)
         _, script, model, _ = WORKLOADS[args.model]
         if args.launcher == "fsdp":
-            script, model = FSDP_SCRIPT, ["--replicas", str(args.replicas)]
+            script, model = FSDP_SCRIPT, ["--model", args.model, "--replicas", str(args.replicas)]
             launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
         if args.simulated_ranks:
             start = []
@@ -372,7 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"{QUICK['epochs']} epoch, {QUICK['ranks']} ranks, the {QUICK['model']}")
     p.add_argument("--launcher", choices=["horovodrun", "torchrun", "fsdp"], default="horovodrun",
                    help=f"torchrun: DDP with a communication hook per method ({DDP_LABELS}); fsdp: FSDP2 on an "
-                        f"R x S mesh under torchrun, the CNN ({FSDP_LABELS})")
+                        f"R x S mesh under torchrun, the CNN or the LM ({FSDP_LABELS})")
     p.add_argument("--replicas", type=int, default=2, help="--launcher fsdp: R (S = --ranks / R)")
     p.add_argument("--out-dir", default="docs")
     p.add_argument("--add", action="store_true",
@@ -390,8 +391,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             QUICK["methods"], QUICK["ratios"], QUICK["seeds"], QUICK["epochs"], QUICK["ranks"], QUICK["model"])
     if not args.methods:
         args.methods = {"torchrun": DDP_DEFAULT, "fsdp": FSDP_LABELS}.get(args.launcher, DEFAULT_METHODS)
-    if args.launcher == "fsdp" and (args.simulated_ranks or args.model != "cnn" or args.ranks % args.replicas):
-        p.error("--launcher fsdp trains the cnn on real ranks, --replicas dividing --ranks")
+    if args.launcher == "fsdp" and (args.simulated_ranks or args.model == "mlp" or args.ranks % args.replicas):
+        p.error("--launcher fsdp trains the cnn or the lm on real ranks, --replicas dividing --ranks")
     known = (SIMULATED if args.simulated_ranks else DDP_LABELS if args.launcher == "torchrun"
              else FSDP_LABELS if args.launcher == "fsdp" else list(METHODS))
     unknown = [m for m in args.methods if m not in known]

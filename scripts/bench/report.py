@@ -116,7 +116,9 @@ for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "cnn_sim16": "convergence_cnn_sim16.json",
                      "lm_sim16": "convergence_lm_sim16.json",
                      "cnn_sim64": "convergence_cnn_sim64.json",
-                     "cnn_fsdp2x2": "convergence_cnn_fsdp2x2.json"}.items():
+                     "cnn_fsdp2x2": "convergence_cnn_fsdp2x2.json",
+                     "lm_fsdp2x2": "convergence_lm_fsdp2x2.json",
+                     "cnn_ddp2_b64": "fsdp_vs_ddp/convergence_cnn_ddp2.json"}.items():
     block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
@@ -279,6 +281,72 @@ def spread(docs: Path, name: str) -> str:
     mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
     digits = 1 if metric == "perplexity" else 3
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
+
+
+# FSDP2 with GsFsdpState against the DDP hook at the same global batch and steps:
+# label, record, its runs' names (dense, gs)
+FSDP_VS_DDP = (("FSDP2 2 × 2", "convergence_cnn_fsdp2x2.json", ("plain HSDP", "GsFsdpState")),
+               ("DDP, 2 ranks", "fsdp_vs_ddp/convergence_cnn_ddp2.json", ("DDP's allreduce", "gs_hook")))
+
+
+def finals(seeds: dict, metric: str) -> list[float]:
+    """Each seed's final metric."""
+    return [r["history"][-1][metric] for r in seeds.values()]
+
+
+@block("fsdp_vs_ddp.table")
+def fsdp_vs_ddp_table(docs: Path) -> str:
+    """Per k: FSDP2 2 × 2 (GsFsdpState, plain HSDP) beside the DDP hook on 2 ranks (gs_hook, DDP's
+    allreduce): final held-out accuracy over seeds, wire kB a step through a rank and through all
+    ranks of a replica (FSDP: its S shards; DDP: its one rank)."""
+    lines = ["| k/d | run | seeds | final accuracy (mean ± half range) | min – max over seeds "
+             "| wire kB/step through a rank | wire kB/step, all ranks of a replica |", "|---|---|---|---|---|---|---|"]
+    for key, k in (("dense @ 1", "dense"), ("gs @ 0.01", "1/100"), ("gs @ 0.001", "1/1000")):
+        for label, name, methods in FSDP_VS_DDP:
+            seeds = load(docs, name)[key]
+            got = finals(seeds, "accuracy")
+            run = next(iter(seeds.values()))
+            per_replica = run["ranks"] // run["args"].get("replicas", run["ranks"])
+            kb = sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds.values()) / len(seeds) / 1e3
+            lines.append(f"| {k} | {label}, {methods[key != 'dense @ 1']} | {len(got)} "
+                         f"| {sum(got) / len(got):.4f} ± {(max(got) - min(got)) / 2:.4f} "
+                         f"| {min(got):.4f} – {max(got):.4f} | {kb:,.1f} | {kb * per_replica:,.1f} |")
+    return "\n".join(lines)
+
+
+def fsdp_within_ddp(docs: Path, key: str) -> tuple[bool, list[float], list[float]]:
+    """(whether FSDP2's mean final accuracy of ``key`` lies within the DDP hook's range over its
+    seeds, FSDP2's finals, the DDP hook's)."""
+    (_, fsdp_name, _), (_, ddp_name, _) = FSDP_VS_DDP
+    mine, theirs = finals(load(docs, fsdp_name)[key], "accuracy"), finals(load(docs, ddp_name)[key], "accuracy")
+    return min(theirs) <= sum(mine) / len(mine) <= max(theirs), mine, theirs
+
+
+@block("fsdp_vs_ddp.goal")
+def fsdp_vs_ddp_goal(docs: Path) -> str:
+    """The headline's verdict: at which k gs under FSDP2 is within the DDP hook's seeds' range."""
+    within = {k: fsdp_within_ddp(docs, key)[0] for key, k in (("gs @ 0.01", "1/100"), ("gs @ 0.001", "1/1000"))}
+    if all(within.values()):
+        return "met at both k"
+    if not any(within.values()):
+        return "not met at either k"
+    return "met at " + " and ".join(k for k, w in within.items() if w) + ", not at " + " and ".join(
+        k for k, w in within.items() if not w)
+
+
+@block("fsdp_vs_ddp.verdict")
+def fsdp_vs_ddp_verdict(docs: Path) -> str:
+    """For gs at 1/100 and 1/1000 and for dense: whether FSDP2's mean final accuracy lies within the
+    DDP hook's range over its seeds, and the difference of the means."""
+    parts = []
+    for key, k in (("gs @ 0.01", "gs at 1/100"), ("gs @ 0.001", "gs at 1/1000"), ("dense @ 1", "dense")):
+        inside, mine, theirs = fsdp_within_ddp(docs, key)
+        mean = sum(mine) / len(mine)
+        overlap = "overlap" if max(min(mine), min(theirs)) <= min(max(mine), max(theirs)) else "do not overlap"
+        parts.append(f"{k}, FSDP2's mean {mean:.4f} is **{'within' if inside else 'outside'}** the DDP hook's "
+                     f"range {min(theirs):.4f} – {max(theirs):.4f} ({100 * (mean - sum(theirs) / len(theirs)):+.2f} "
+                     f"points against its mean; FSDP2's seeds {min(mine):.4f} – {max(mine):.4f}, the ranges {overlap})")
+    return "; ".join(parts)
 
 
 def seeds_ahead(docs: Path, name: str) -> str:

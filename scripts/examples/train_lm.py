@@ -22,33 +22,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_bench.cli import Report, add_compression_flags, add_simulated_flag, run_on_ranks
+from gs_bench.cli import Report, add_simulated_flag, check_lm_budget, lm_arguments, local_bytes, run_on_ranks
 from gs_bench.methods import METHODS
 from gs_bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=60, help="training steps (a multiple of --eval-every)")
-    p.add_argument("--eval-every", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=8, help="windows per rank per step")
-    p.add_argument("--seq", type=int, default=64, help="bytes per training window")
-    p.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
-    p.add_argument("--embed", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=1536)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--eval-windows", type=int, default=32, help="held-out windows of --eval-seq bytes")
-    p.add_argument("--eval-seq", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write the history to this file (rank 0)")
-    add_compression_flags(p, list(METHODS))
+    p = lm_arguments(__doc__, list(METHODS))
     p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
                    help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
     add_simulated_flag(p)
-    args = p.parse_args(argv)
-    if args.steps % args.eval_every:
-        p.error(f"--steps {args.steps} is not a multiple of --eval-every {args.eval_every}")
-    return args
+    return check_lm_budget(p, p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -58,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(args: argparse.Namespace, ranks: Any) -> dict:
     """One rank's training (``ranks``: gs_bench.cli's HorovodRanks, TorchRanks or
-    SimulatedTrainingRanks); its Report's result."""
+    SimulatedTrainingRanks, or train_fsdp.py's FsdpRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
@@ -67,7 +51,7 @@ def train(args: argparse.Namespace, ranks: Any) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     net, optimizer, meter = ranks.distribute(args, model, optimizer, optimizer_state=False)
 
-    dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    dense_bytes = local_bytes(model)
     g = torch.Generator().manual_seed(args.seed + ranks.rank)
     report = Report(args, ranks.rank, ranks.size, dense_bytes, meter.per_step, args.eval_every,
                     args.steps // args.eval_every, period="interval", metric="perplexity")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from gs_bench.cli import Report, add_simulated_flag, demo_arguments, run_on_ranks
+from gs_bench.cli import Report, add_simulated_flag, demo_arguments, local_bytes, run_on_ranks
 from gs_bench.methods import METHODS
 from gs_bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 def train(args: argparse.Namespace, ranks: Any) -> dict:
     """One rank's training (``ranks``: gs_bench.cli's HorovodRanks, TorchRanks or
-    SimulatedTrainingRanks); its Report's result."""
+    SimulatedTrainingRanks, or train_fsdp.py's FsdpRanks); its Report's result."""
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
 
@@ -67,7 +67,7 @@ def train(args: argparse.Namespace, ranks: Any) -> dict:
     net, optimizer, meter = ranks.distribute(args, model, optimizer)
 
     steps_per_epoch = ranks.min(math.ceil(len(x_train) / args.batch_size))
-    dense_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    dense_bytes = local_bytes(model)
     g = torch.Generator().manual_seed(args.seed + ranks.rank)
     report = Report(args, ranks.rank, ranks.size, dense_bytes, meter.per_step, steps_per_epoch, args.epochs)
     for epoch in report.periods():
