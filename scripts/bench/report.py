@@ -245,9 +245,14 @@ def sim_vs_real(docs: Path) -> str:
 
 
 def record_file(stem: str) -> str:
-    """The convergence record a figure's FILE names: ``convergence_FILE.json`` in docs/, or with
-    an ``eq_`` prefix the equal-bytes study's (``eq_cnn_sim16``: :data:`EQUAL_BYTES`)."""
-    return EQUAL_BYTES[stem[3:]] if stem.startswith("eq_") else f"convergence_{stem}.json"
+    """The convergence record a figure's FILE names: ``convergence_FILE.json`` in docs/, with an
+    ``eq_`` prefix the equal-bytes study's (``eq_cnn_sim16``: :data:`EQUAL_BYTES`), with a
+    ``wire_`` prefix the equal-k wire study's (``wire_lm_sim16``: docs/wire/convergence_lm_sim16.json)."""
+    if stem.startswith("eq_"):
+        return EQUAL_BYTES[stem[3:]]
+    if stem.startswith("wire_"):
+        return f"wire/convergence_{stem[5:]}.json"
+    return f"convergence_{stem}.json"
 
 
 def run_figure(docs: Path, name: str) -> str:
@@ -314,38 +319,41 @@ def fsdp_vs_ddp_table(docs: Path) -> str:
     return "\n".join(lines)
 
 
-def fsdp_within_ddp(docs: Path, key: str) -> tuple[bool, list[float], list[float]]:
-    """(whether FSDP2's mean final accuracy of ``key`` lies within the DDP hook's range over its
-    seeds, FSDP2's finals, the DDP hook's)."""
+def fsdp_within_ddp(docs: Path, key: str) -> tuple[str, list[float], list[float]]:
+    """(where FSDP2's mean final accuracy of ``key`` lies against the DDP hook's range over its
+    seeds: "within", "above" or "below"; FSDP2's finals, the DDP hook's)."""
     (_, fsdp_name, _), (_, ddp_name, _) = FSDP_VS_DDP
     mine, theirs = finals(load(docs, fsdp_name)[key], "accuracy"), finals(load(docs, ddp_name)[key], "accuracy")
-    return min(theirs) <= sum(mine) / len(mine) <= max(theirs), mine, theirs
+    mean = sum(mine) / len(mine)
+    return ("below" if mean < min(theirs) else "above" if mean > max(theirs) else "within"), mine, theirs
 
 
 @block("fsdp_vs_ddp.goal")
 def fsdp_vs_ddp_goal(docs: Path) -> str:
-    """The headline's verdict: at which k gs under FSDP2 is within the DDP hook's seeds' range."""
-    within = {k: fsdp_within_ddp(docs, key)[0] for key, k in (("gs @ 0.01", "1/100"), ("gs @ 0.001", "1/1000"))}
-    if all(within.values()):
+    """The headline's verdict: at which k gs under FSDP2 is within the DDP hook's seeds' range or
+    above it (not below)."""
+    met = {k: fsdp_within_ddp(docs, key)[0] != "below" for key, k in (("gs @ 0.01", "1/100"), ("gs @ 0.001", "1/1000"))}
+    if all(met.values()):
         return "met at both k"
-    if not any(within.values()):
+    if not any(met.values()):
         return "not met at either k"
-    return "met at " + " and ".join(k for k, w in within.items() if w) + ", not at " + " and ".join(
-        k for k, w in within.items() if not w)
+    return "met at " + " and ".join(k for k, w in met.items() if w) + ", not at " + " and ".join(
+        k for k, w in met.items() if not w)
 
 
 @block("fsdp_vs_ddp.verdict")
 def fsdp_vs_ddp_verdict(docs: Path) -> str:
-    """For gs at 1/100 and 1/1000 and for dense: whether FSDP2's mean final accuracy lies within the
-    DDP hook's range over its seeds, and the difference of the means."""
+    """For gs at 1/100 and 1/1000 and for dense: whether FSDP2's mean final accuracy lies within,
+    above or below the DDP hook's range over its seeds, and the difference of the means."""
     parts = []
     for key, k in (("gs @ 0.01", "gs at 1/100"), ("gs @ 0.001", "gs at 1/1000"), ("dense @ 1", "dense")):
-        inside, mine, theirs = fsdp_within_ddp(docs, key)
+        where, mine, theirs = fsdp_within_ddp(docs, key)
         mean = sum(mine) / len(mine)
         overlap = "overlap" if max(min(mine), min(theirs)) <= min(max(mine), max(theirs)) else "do not overlap"
-        parts.append(f"{k}, FSDP2's mean {mean:.4f} is **{'within' if inside else 'outside'}** the DDP hook's "
-                     f"range {min(theirs):.4f} – {max(theirs):.4f} ({100 * (mean - sum(theirs) / len(theirs)):+.2f} "
-                     f"points against its mean; FSDP2's seeds {min(mine):.4f} – {max(mine):.4f}, the ranges {overlap})")
+        parts.append(f"{k}, FSDP2's mean {mean:.4f} ({len(mine)} seeds) is **{where}** the DDP hook's range "
+                     f"{min(theirs):.4f} – {max(theirs):.4f} ({len(theirs)} seeds; "
+                     f"{100 * (mean - sum(theirs) / len(theirs)):+.2f} points against its mean; FSDP2's seeds "
+                     f"{min(mine):.4f} – {max(mine):.4f}, the ranges {overlap})")
     return "; ".join(parts)
 
 
