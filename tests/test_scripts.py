@@ -169,7 +169,9 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     by_method = {r["method"]: r for r in rows if r["method"] != "gs global"}
     gs = {(r["exchange"], r["apply"], r["wire_format"]): r for r in rows if r["method"] == "gs global"}
     assert set(by_method) == {"dense", "exact top-k", "top-k allgather", "top-k allgather (global)", "gTop-k",
-                              "gTop-k (global)", "Sketched-SGD", "PowerSGD"}
+                              "gTop-k (global)", "gTop-k (global, compact pairs)", "Sketched-SGD", "PowerSGD"}
+    assert by_method["gTop-k (global, compact pairs)"]["wire_format"] == "compact"
+    assert by_method["gTop-k (global, compact pairs)"]["wire"] < 0.6 * by_method["gTop-k (global)"]["wire"]
     pairs = {(e, a, w) for e, a in (("sparse", None), ("allgather", "topk"), ("allgather", None))
              for w in ("fp32", "compact")}
     assert set(gs) == {("auto", None, "compact"), ("sketch", None, "compact")} | pairs
