@@ -10,6 +10,7 @@ import torch
 
 from gs_horovod.kernels import pair_format, torch_ops, torch_pairs
 from gs_horovod.kernels.hashing import hash_keys
+from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.protocol import Collectives, gather, pairwise
 from gs_horovod.transports.wire import Collective
 
@@ -75,11 +76,11 @@ class GTopK(Reducer):
               mask: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The partner's (indices (n,) int64, values (n,) f32) for ours, in this reducer's wire format."""
         n = len(idx)
-        if self.wire == "compact":
-            low = pair_format.low_bits(n, D)
-            buf, _ = torch_pairs.encode(idx, vals, torch.tensor([n]), D, low)
-            their_idx, their_vals, _ = torch_pairs.decode(
-                pairwise(comm, buf, comm.rank ^ mask, f"gtopk.{mask}"), D, low)
+        if self.wire == "compact":  # the engine's codec and its dispatch (Numba on the CPU)
+            ops, low = TorchOps(self.backend), pair_format.low_bits(n, D)
+            buf, _ = ops.pack_pairs(idx, vals, torch.tensor([n]), D, low)
+            theirs = pairwise(comm, buf, comm.rank ^ mask, f"gtopk.{mask}")
+            their_idx, their_vals, _ = ops.unpack_pairs(theirs, 1, D, low)
             return their_idx, their_vals
         theirs = pairwise(comm, torch.cat([idx.to(torch.int32), vals.view(torch.int32)]), comm.rank ^ mask,
                           f"gtopk.{mask}")

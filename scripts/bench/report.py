@@ -129,6 +129,16 @@ def gs_ratios(runs: dict) -> tuple[float, ...]:
     return tuple(sorted((float(k.rsplit(" @ ", 1)[1]) for k in runs if k.rsplit(" @ ", 1)[0] == "gs"), reverse=True))
 
 
+def matched_gs(runs: dict, metric: str, key: str) -> tuple[float, float, float, float, conv.AtBudget]:
+    """For peer ``key``: (the k of the gs run whose whole cumulative wire budget is nearest the
+    peer's, the peer's own budget MB, gs's final metric and budget MB there, the peer at gs's
+    budget), means over seeds."""
+    own = conv.gs_budget(runs[key], metric)[1]
+    ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
+    last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    return ratio, own, last, sent, conv.at_budget(runs[key], metric, sent)
+
+
 def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
     """For each PowerSGD rank in ``name``: the gs run whose whole cumulative wire budget is
     nearest PowerSGD's own, gs's final metric there against PowerSGD's at gs's budget
@@ -137,10 +147,7 @@ def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
     metric = metric_of(runs)
     lines = []
     for key in (k for k in runs if k.startswith("powersgd")):
-        own = conv.gs_budget(runs[key], metric)[1]
-        ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
-        last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
-        got = conv.at_budget(runs[key], metric, sent)
+        ratio, own, last, sent, got = matched_gs(runs, metric, key)
         behind = "above 1: gs behind" if metric == "perplexity" else "below 1: gs behind"
         if got.status == "starts beyond":
             lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no gs run near its budget ({own:.3g} MB); "
@@ -282,8 +289,8 @@ def spread(docs: Path, name: str) -> str:
     _, stem, method, ratio = name.split(".", 3)
     runs = load(docs, record_file(stem))
     metric = metric_of(runs)
-    finals = [r["history"][-1][metric] for r in runs[f"{method.replace('-', ' ')} @ {ratio}"].values()]
-    mean, half = sum(finals) / len(finals), (max(finals) - min(finals)) / 2
+    got = finals(runs[f"{method.replace('-', ' ')} @ {ratio}"], metric)
+    mean, half = sum(got) / len(got), (max(got) - min(got)) / 2
     digits = 1 if metric == "perplexity" else 3
     return f"{mean:.{digits}f} ± {half:.{digits}f}"
 
@@ -456,6 +463,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: compute_vs_topk(docs, name)
     if family == "tput" and name.count(".") == 3:
         return lambda docs: throughput_ratio(docs, name)
+    if family == "tta_compact" and name.count(".") == 1:
+        return lambda docs: tta_compact_range(docs, name)
     if family == "eb" and name.count(".") == 3:
         return lambda docs: equal_bytes_figure(docs, name)
     return None
@@ -469,11 +478,7 @@ def equal_bytes_figure(docs: Path, name: str) -> str:
     _, what, study, peer = name.split(".")
     runs = load(docs, EQUAL_BYTES[study])
     metric = metric_of(runs)
-    key = f"{peer.replace('-', ' ')} @ 1"
-    own = conv.gs_budget(runs[key], metric)[1]
-    ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
-    last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
-    got = conv.at_budget(runs[key], metric, sent)
+    ratio, _, last, _, got = matched_gs(runs, metric, f"{peer.replace('-', ' ')} @ 1")
     digits = 1 if metric == "perplexity" else 3
     if what == "gs":
         return f"{last:.{digits}f}"
@@ -1012,6 +1017,19 @@ def time_to_accuracy_compact(docs: Path) -> str:
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {seconds_to_target(gs) if gs else '—'} "
                      f"| {seconds_to_target(topk) if topk else '—'} | {ratio} |")
     return "\n".join(lines)
+
+
+def tta_compact_range(docs: Path, name: str) -> str:
+    """``tta_compact.P``: the range over the (workload, link) settings at P ranks of the defaults'
+    mean seconds to the target over top-k allgather's, from ``docs/time_to_accuracy_compact.jsonl``."""
+    ranks = int(name.split(".")[1])
+    summary = [s for s in tta_summary(docs, "time_to_accuracy_compact.jsonl") if s["ranks"] == ranks]
+    ratios = []
+    for key in dict.fromkeys((s["workload"], s["rate"]) for s in summary):
+        mine = {s["method"]: s for s in summary if (s["workload"], s["rate"]) == key}
+        if all(mine[m]["reached"] == mine[m]["repeats"] for m in ("gs", "topk")):
+            ratios.append(mine["gs"]["mean_seconds"] / mine["topk"]["mean_seconds"])
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
 
 
 def method_slug(method: str) -> str:
