@@ -147,3 +147,38 @@ def test_keep_top_keeps_those_above_and_the_best_ties(ops, to):
     # nothing at the cut
     keep = ops.keep_top(prefix, key, group, to(np.array([4, 8], np.int64)), to(np.array([1, 1], np.int32)))
     assert np.asarray(keep).tolist() == [0, 6]
+
+
+def rank_order_union_sum(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The union of P sparse vectors and their sums, added into zeros one vector after another."""
+    union = np.unique(np.concatenate([i for i, _ in parts])) if parts else np.zeros(0, np.int64)
+    sums = np.zeros(len(union), np.float32)
+    for i, v in parts:
+        pos = np.searchsorted(union, i)
+        sums[pos] = sums[pos] + v
+    return union, sums
+
+
+@pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
+@pytest.mark.parametrize("P", [1, 2, 5])
+def test_union_sum_adds_in_vector_order_bitwise(ops, to, P):
+    rng = np.random.default_rng(P)
+    parts = []
+    for r in range(P):
+        idx = np.sort(rng.choice(30, size=rng.integers(0, 26), replace=False)).astype(np.int64)
+        # runs of 3 or more, magnitudes 1e-2 to 1e2: another order of addition gives other bits
+        vals = (rng.standard_normal(len(idx)) * 10.0 ** rng.uniform(-2, 2, len(idx))).astype(np.float32)
+        parts.append((idx, vals))
+    parts[0][1][:2] = [-0.0, np.nan] if len(parts[0][1]) >= 2 else parts[0][1][:2]
+    want_union, want_sums = rank_order_union_sum(parts)
+    counts = np.array([len(i) for i, _ in parts], np.int32)
+    union, sums = ops.union_sum(to(np.concatenate([i for i, _ in parts])), to(np.concatenate([v for _, v in parts])),
+                                to(counts))
+    assert np.array_equal(np.asarray(union), want_union)
+    assert np.array_equal(np.asarray(sums).view(np.uint32), want_sums.view(np.uint32))
+
+
+@pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
+def test_union_sum_of_nothing(ops, to):
+    union, sums = ops.union_sum(to(np.zeros(0, np.int64)), to(np.zeros(0, np.float32)), to(np.zeros(3, np.int32)))
+    assert np.asarray(union).size == 0 and np.asarray(sums).size == 0

@@ -410,13 +410,20 @@ class TorchOps:
 
     def union_sum(self, idx: torch.Tensor, vals: torch.Tensor,
                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        union = torch.unique(idx)
-        sums = torch.zeros(len(union), dtype=vals.dtype, device=vals.device)
-        sizes = [int(c) for c in counts.tolist()]
-        for part, v in zip(idx.split(sizes), vals.split(sizes)):  # a vector's positions are distinct
-            pos = torch.searchsorted(union, part)
-            sums[pos] = sums[pos] + v
-        return union, sums
+        # One stable sort: the copies of a coordinate end up adjacent, in vector order (a
+        # vector's indices are distinct, so a run holds at most one pair of each vector); the
+        # j-th pair of every run longer than j is added in pass j, left to right.
+        ordered = torch.sort(idx, stable=True)
+        keys, v = ordered.values, vals[ordered.indices]
+        first = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+        first[1:] = keys[1:] != keys[:-1]
+        starts = torch.nonzero(first).flatten()
+        lengths = torch.diff(starts, append=starts.new_tensor([len(keys)]))
+        sums = v[starts] + 0.0  # as 0 + v: a lone -0.0 sums to +0.0, as added to zeros
+        for j in range(1, int(lengths.max()) if len(starts) else 0):
+            runs = torch.nonzero(lengths > j).flatten()
+            sums[runs] = sums[runs] + v[starts[runs] + j]
+        return keys[starts], sums
 
     def spans(self, x: torch.Tensor, starts: list[int]) -> list[tuple[int, int]]:
         edges = torch.searchsorted(x, torch.tensor(starts, dtype=x.dtype, device=x.device)).tolist() + [len(x)]
