@@ -164,7 +164,7 @@ def rank_order_union_sum(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np
 def test_union_sum_adds_in_vector_order_bitwise(ops, to, P):
     rng = np.random.default_rng(P)
     parts = []
-    for r in range(P):
+    for _ in range(P):
         idx = np.sort(rng.choice(30, size=rng.integers(0, 26), replace=False)).astype(np.int64)
         # runs of 3 or more, magnitudes 1e-2 to 1e2: another order of addition gives other bits
         vals = (rng.standard_normal(len(idx)) * 10.0 ** rng.uniform(-2, 2, len(idx))).astype(np.float32)
