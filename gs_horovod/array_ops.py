@@ -136,6 +136,14 @@ class ArrayOps(Protocol):
     def count(self, bins: Array, n: int, mask: Optional[Array] = None) -> Array:
         """(n,) int32: how many of ``bins`` (int64 in [0, n)) fall in each bin (where ``mask``)."""
 
+    def pack_counts(self, counts: Array, bits: int) -> Array:
+        """(⌈n/w⌉,) int64: counts (n,) int32, each below 2^bits, w = 63 // bits to a word:
+        word i = Σ_j counts[j·⌈n/w⌉ + i] << (j·bits). Words add as their counts do while every
+        sum stays below 2^bits (no lane carries into the next)."""
+
+    def unpack_counts(self, words: Array, bits: int, n: int) -> Array:
+        """(n,) int64: the counts :meth:`pack_counts` packed into ``words`` (or their sums)."""
+
     def abs_key(self, x: Array) -> Array:
         """(n,) int64 order key of |x| (x f32): its float bits without the sign, every NaN one
         above +Inf (the order :meth:`top_abs` selects by)."""

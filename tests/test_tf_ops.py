@@ -182,3 +182,21 @@ def test_union_sum_adds_in_vector_order_bitwise(ops, to, P):
 def test_union_sum_of_nothing(ops, to):
     union, sums = ops.union_sum(to(np.zeros(0, np.int64)), to(np.zeros(0, np.float32)), to(np.zeros(3, np.int32)))
     assert np.asarray(union).size == 0 and np.asarray(sums).size == 0
+
+
+@pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
+@pytest.mark.parametrize("bits", [1, 7, 15, 21, 31, 32, 63])
+def test_packed_counts_add_as_the_counts_do_up_to_their_bound(ops, to, bits):
+    # three ranks' counts of 300 bins (not a multiple of the lanes) whose sums reach 2^bits − 1,
+    # the largest a bin may hold: the packed words' sum unpacks to the counts' sum
+    rng = np.random.default_rng(bits)
+    top = 2**bits - 1
+    total = rng.integers(0, top + 1, 300, dtype=np.int64)
+    total[:3] = [top, 0, top]
+    first = (total * rng.uniform(0, 1, 300)).astype(np.int64)
+    second = ((total - first) * rng.uniform(0, 1, 300)).astype(np.int64)
+    parts = [first, second, total - first - second]
+    words = [np.asarray(ops.pack_counts(to(p), bits)) for p in parts]
+    assert words[0].dtype == np.int64 and len(words[0]) == -(-300 // (63 // bits))
+    summed = ops.unpack_counts(to(words[0] + words[1] + words[2]), bits, 300)
+    assert np.array_equal(np.asarray(summed), total)

@@ -249,6 +249,18 @@ class TfOps:
         bins = bins if mask is None else tf.boolean_mask(bins, mask)
         return tf.math.bincount(tf.cast(bins, tf.int32), minlength=n, maxlength=n, dtype=tf.int32)
 
+    def pack_counts(self, counts: tf.Tensor, bits: int) -> tf.Tensor:
+        lanes, n = 63 // bits, tf.size(counts)
+        padded = tf.pad(tf.cast(counts, tf.int64), [[0, (n + lanes - 1) // lanes * lanes - n]])
+        shifts = tf.range(lanes, dtype=tf.int64) * bits
+        return tf.reduce_sum(tf.bitwise.left_shift(tf.reshape(padded, [lanes, -1]), shifts[:, None]), 0)
+
+    def unpack_counts(self, words: tf.Tensor, bits: int, n: int) -> tf.Tensor:
+        shifts = tf.range(63 // bits, dtype=tf.int64) * bits
+        lanes = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.cast(words, tf.int64)[None, :], shifts[:, None]),
+                                       tf.constant((1 << bits) - 1, tf.int64))
+        return tf.reshape(lanes, [-1])[:n]
+
     def abs_key(self, x: tf.Tensor) -> tf.Tensor:
         return tf.cast(_abs_key(x), tf.int64)
 

@@ -442,6 +442,18 @@ class TorchOps:
     def count(self, bins: torch.Tensor, n: int, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         return torch.bincount(bins if mask is None else bins[mask], minlength=n).int()
 
+    def pack_counts(self, counts: torch.Tensor, bits: int) -> torch.Tensor:
+        lanes = 63 // bits
+        words = -(-len(counts) // lanes)
+        padded = torch.zeros(lanes * words, dtype=torch.int64, device=counts.device)
+        padded[:len(counts)] = counts
+        shifts = torch.arange(lanes, dtype=torch.int64, device=counts.device) * bits
+        return (padded.view(lanes, words) << shifts[:, None]).sum(0)
+
+    def unpack_counts(self, words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+        shifts = torch.arange(63 // bits, dtype=torch.int64, device=words.device) * bits
+        return ((words.long()[None, :] >> shifts[:, None]) & ((1 << bits) - 1)).reshape(-1)[:n]
+
     def abs_key(self, x: torch.Tensor) -> torch.Tensor:
         return _abs_key(x).long()
 

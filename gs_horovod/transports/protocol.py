@@ -41,7 +41,7 @@ class Collectives(Protocol):
         """x (n,) f32 or f16, averaged or summed over ranks as ``averages`` says."""
 
     def allreduce_sum(self, x: Array, name: str) -> Array:
-        """x (n,) f32 or int32 summed over ranks (int32: exactly), whatever the op."""
+        """x (n,) f32, int32 or int64 summed over ranks (integers: exactly), whatever the op."""
 
     def allgather(self, x: Array, name: str) -> Array:
         """Every rank's x (n_r,) concatenated in rank order ((P·n,) or (P, n) when every n_r is

@@ -164,7 +164,7 @@ class SimulatedComm:
         return self._resume(back(torch.cat(parts)))
 
     def allreduce_sum(self, x: Any, name: str) -> Any:
-        """x (n,) summed over ranks in rank order, in x's dtype (int32 counts: exactly)."""
+        """x (n,) summed over ranks in rank order, in x's dtype (integer counts: exactly)."""
         t, back = _as_torch(x)
         self.traffic.add("allreduce", t.numel() * t.element_size())
         return self._resume(back(self._sum(self._all(t, name))))

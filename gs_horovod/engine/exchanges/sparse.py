@@ -6,16 +6,19 @@ bit for bit, with wire bytes flat in P.
    (F_r, a_r[F_r]) to its owner, which adds what it receives in rank order.
 2. threshold: per group, the owners' histograms of the order key of |s| (NaN highest:
    :meth:`ArrayOps.abs_key`), 8 high bits, then 8 more bits within the bin that holds the
-   (m·k)-th largest, each summed by one allreduce, give the 16-bit key prefix t of the
+   (m·k)-th largest, each summed by one allreduce (the counts packed, :meth:`Sparse.count_bits`
+   bits apiece, into int64 words), give the 16-bit key prefix t of the
    (m·k)-th largest, how many lie above it, and so how many ``ties`` of prefix t to take.
 3. allgather: each owner sends its pairs above t and its best ``ties`` of prefix t (by key,
    then lower index); every rank sorts what it gathers by index and keeps the above ones and
    the best ``ties`` of all prefix-t pairs: the same m·k coordinates everywhere. A pair above
    t lies in every rank's selection, so NaN/Inf anywhere in the sums reaches every rank.
 
-Payload: the L·k pairs of each group into the alltoall, 2 × 256 int32 bins per group, and this
-rank's share of the m·k selected pairs (planned: an even share). With ``wire="fp32"`` 8 bytes a
-pair, about 32(P−1)/P·L·k bytes through a rank plus 2 KB of histograms a group. With
+Payload: the L·k pairs of each group into the alltoall, 2 × 256 counts per group (b bits
+each, ⌊63/b⌋ to an int64 word: 2 × 512 bytes a group while a group's union has fewer than 2^15
+coordinates, 2 × 2 KiB at most), and this rank's share of the m·k selected pairs (planned: an
+even share). With ``wire="fp32"`` 8 bytes a pair, about 32(P−1)/P·L·k bytes through a rank
+plus the histograms' 4(P−1)/P · their bytes. With
 ``wire="compact"`` each destination's pairs are one compact message
 (:mod:`~gs_horovod.kernels.pair_format`, l from a destination's expected share), the owners
 select on their sums rounded as they will travel, and each owner keeps in its residual what
@@ -51,7 +54,7 @@ class Sparse(Exchange):
         """Measured: (routed, gathered) bytes as the step handed them over; planned (None): the
         pairs spread evenly over the P owners, and an even share of the m·k selected."""
         fed, chosen, P = sum(g.fed for g in plan.groups), sum(g.candidates for g in plan.groups), plan.ranks
-        select = 2 * 4 * RADIX_BINS * len(plan.groups)
+        select = 2 * 8 * -(-RADIX_BINS * len(plan.groups) // (63 // self.count_bits(plan)))
         if measured is not None:
             routed, gathered = measured
         elif config.wire == "compact":
@@ -60,6 +63,12 @@ class Sparse(Exchange):
         else:
             routed, gathered = 8 * fed, math.ceil(8 * chosen / P)
         return Payload(gather=gathered, alltoall=routed, select=select)
+
+    @staticmethod
+    def count_bits(plan: Plan) -> int:
+        """Bits of the largest count a histogram bin can reach: a group's union, at most
+        P·L·k of its coordinates and at most all of them."""
+        return max(min(plan.ranks * g.fed, g.size) for g in plan.groups).bit_length()
 
     @staticmethod
     def routed_low(plan: Plan) -> int:
@@ -97,17 +106,19 @@ class Sparse(Exchange):
         sums = ops.wire_rounded(exact_sums) if compact else exact_sums  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.candidates for g in plan.groups], np.int32), union)
-        groups = len(plan.groups)
+        bins, bits = len(plan.groups) * RADIX_BINS, self.count_bits(plan)
+
+        def histogram(counts: Array, name: str) -> Array:  # every owner's counts, summed
+            return ops.unpack_counts(comm.allreduce_sum(ops.pack_counts(counts, bits), name), bits, bins)
+
         group, key = ops.bucket(union, starts), ops.abs_key(sums)
         high = ops.key_bits(key, 23, 8)  # exponent: 8 bits
-        cut_high, above = ops.radix_cut(comm.allreduce_sum(ops.count(group * RADIX_BINS + high,
-                                                                      groups * RADIX_BINS), "gs_horovod.select.high"),
+        cut_high, above = ops.radix_cut(histogram(ops.count(group * RADIX_BINS + high, bins), "gs_horovod.select.high"),
                                         wanted)
         in_cut = ops.equal_at(high, ops.take(cut_high, group))
         low = ops.key_bits(key, 15, 8)  # 8 more bits: the 16-bit prefix pins |s| to 2^-8
-        cut_low, above_low = ops.radix_cut(
-            comm.allreduce_sum(ops.count(group * RADIX_BINS + low, groups * RADIX_BINS, in_cut),
-                               "gs_horovod.select.low"), wanted - above)
+        cut_low, above_low = ops.radix_cut(histogram(ops.count(group * RADIX_BINS + low, bins, in_cut),
+                                                     "gs_horovod.select.low"), wanted - above)
         prefix, ties = cut_high * RADIX_BINS + cut_low, wanted - above - above_low
         keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
         chosen, chosen_sums = ops.take(union, keep), ops.take(sums, keep)
