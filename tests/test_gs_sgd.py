@@ -388,11 +388,12 @@ def test_sizes_and_bytes_follow_the_options():
     gathered = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
     assert gathered.groups[0].candidates == 1000
     assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
-    # the sparse exchange: the pairs by alltoall, two rounds of 256 int32 counts, an even share of
-    # the selection by allgather
+    # the sparse exchange: the pairs by alltoall, two rounds of 256 counts (each below 4 · 1000 <
+    # 2^12: five 12-bit counts to an 8-byte word, 52 words a round), an even share of the
+    # selection by allgather
     sparse = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="sparse"), ("c.bias",), (10,), ranks=4)
-    assert sparse.payload_bytes(cfg) == Payload(gather=2000, alltoall=8000, select=2048, exact=4000, dense=40)
-    assert sparse.collectives(cfg) == [("alltoall", 8000.0), ("allreduce", 1024.0), ("allreduce", 1024.0),
+    assert sparse.payload_bytes(cfg) == Payload(gather=2000, alltoall=8000, select=2 * 52 * 8, exact=4000, dense=40)
+    assert sparse.collectives(cfg) == [("alltoall", 8000.0), ("allreduce", 416.0), ("allreduce", 416.0),
                                        ("allgather", 2000.0), ("allreduce", 4040.0)]
     layer = Plan.build(NAMES, [60_000, 40_000], GsConfig(scope="layer", ratio=0.01, sketch_dtype="float32"), ranks=4)
     assert [g.k for g in layer.groups] == [600, 400]

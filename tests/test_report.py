@@ -106,3 +106,21 @@ def test_gs_vs_best_perplexity_picks_the_lowest_and_refuses_when_no_peer_reaches
     far = {"gs @ 0.01": runs["gs @ 0.01"], "gtopk @ 0.01": {"0": run(1e6, [35.0, 10.0], "perplexity")}}
     with pytest.raises(ValueError, match="gtopk @ 0.01 n/a"):
         conv.gs_vs_best(far, "perplexity", 0.01)
+
+
+def test_equal_bytes_takes_the_gs_run_just_below_the_peers_budget() -> None:
+    """PowerSGD sends 1 and 2 MB (its budget 2 MB). gs at 0.004 sends 1.9 MB in all (5 % below),
+    gs at 0.005 2.05 MB (2.5 % above, nearer): the run below is taken, so PowerSGD is read at
+    gs's 1.9 MB, interpolated (0.6 + 0.9·0.2 = 0.78), not at its last evaluation. With only the
+    run above, it is taken (PowerSGD stopped short); with none within 10 %, no figure."""
+    peer = {"0": run(1e5, [0.6, 0.8])}
+    runs = {"powersgd r1 @ 1": peer, "gs @ 0.004": {"0": run(9.5e4, [0.5, 0.7])},
+            "gs @ 0.005": {"0": run(1.025e5, [0.55, 0.9])}}
+    ratio, own, last, sent, got = report.matched_gs(runs, "accuracy", "powersgd r1 @ 1")
+    assert (ratio, own, last, sent) == (0.004, pytest.approx(2.0), 0.7, pytest.approx(1.9))
+    assert got.status == "interpolated" and got.value == pytest.approx(0.78)
+    above = {"powersgd r1 @ 1": peer, "gs @ 0.005": runs["gs @ 0.005"]}
+    ratio, _, _, _, got = report.matched_gs(above, "accuracy", "powersgd r1 @ 1")
+    assert ratio == 0.005 and got.status == "stopped short" and got.value == pytest.approx(0.8)
+    far = {"powersgd r1 @ 1": peer, "gs @ 0.01": {"0": run(1.5e5, [0.7, 0.95])}}
+    assert not report.matched(*report.matched_gs(far, "accuracy", "powersgd r1 @ 1")[1:4:2])

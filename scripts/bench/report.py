@@ -129,12 +129,25 @@ def gs_ratios(runs: dict) -> tuple[float, ...]:
     return tuple(sorted((float(k.rsplit(" @ ", 1)[1]) for k in runs if k.rsplit(" @ ", 1)[0] == "gs"), reverse=True))
 
 
+MATCH = 0.1
+"""How far gs's whole cumulative wire budget may lie from a peer's for "at equal bytes"."""
+
+
+def matched(own: float, sent: float) -> bool:
+    """Whether gs's budget ``sent`` lies within :data:`MATCH` of the peer's ``own``."""
+    return abs(sent - own) <= MATCH * own
+
+
 def matched_gs(runs: dict, metric: str, key: str) -> tuple[float, float, float, float, conv.AtBudget]:
     """For peer ``key``: (the k of the gs run whose whole cumulative wire budget is nearest the
-    peer's, the peer's own budget MB, gs's final metric and budget MB there, the peer at gs's
-    budget), means over seeds."""
+    peer's from below, within :data:`MATCH` of it (else the nearest: see :func:`matched`), the
+    peer's own budget MB, gs's final metric and budget MB there, the peer at gs's budget), means
+    over seeds. A gs run that spent more than the peer meets the peer's last evaluation, not the
+    peer at gs's bytes, so one within the band below is preferred."""
     own = conv.gs_budget(runs[key], metric)[1]
-    ratio = min(gs_ratios(runs), key=lambda r: abs(conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] - own))
+    budgets = {r: conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] for r in gs_ratios(runs)}
+    below = [r for r, b in budgets.items() if (1 - MATCH) * own <= b <= own]
+    ratio = max(below, key=budgets.get) if below else min(budgets, key=lambda r: abs(budgets[r] - own))
     last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
     return ratio, own, last, sent, conv.at_budget(runs[key], metric, sent)
 
@@ -148,14 +161,14 @@ def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
     lines = []
     for key in (k for k in runs if k.startswith("powersgd")):
         ratio, own, last, sent, got = matched_gs(runs, metric, key)
-        behind = "above 1: gs behind" if metric == "perplexity" else "below 1: gs behind"
-        if got.status == "starts beyond":
-            lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no gs run near its budget ({own:.3g} MB); "
-                         f"gs at k = D/{round(1 / ratio)} sent {sent:.3g} MB in all")
+        if got.status == "starts beyond" or not matched(own, sent):
+            lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no gs run within {MATCH:.0%} of its budget ({own:.3g} MB); "
+                         f"the nearest, gs at k = D/{round(1 / ratio)}, sent {sent:.3g} MB in all")
             continue
         lines.append(f"- {key.rsplit(' @ ', 1)[0]} (its whole budget {own:.3g} MB) against gs at "
                      f"k = D/{round(1 / ratio)} ({sent:.3g} MB): {metric} {last:.4g} against {got.text()} "
-                     f"at gs's bytes, gs ÷ PowerSGD {last / got.value:.2f} ({behind})")
+                     f"at gs's bytes, gs ÷ PowerSGD {last / got.value:.2f} "
+                     f"({'gs ahead' if (last < got.value) == (metric == 'perplexity') else 'gs behind'} on the means)")
     return "\n".join(lines)
 
 
@@ -433,7 +446,8 @@ def recovery_goal(docs: Path) -> str:
 def generator(name: str) -> Block | None:
     """The function that writes block ``name``: a registered one, or an inline figure
     (:func:`run_figure`, :func:`spread`, :func:`gs_vs_best_figure`, :func:`sparse_vs_gtopk`,
-    :func:`recovery_figure`, :func:`time_to_accuracy_figure`, :func:`fastest_to_target`)."""
+    :func:`recovery_figure`, :func:`time_to_accuracy_figure`, :func:`fastest_to_target`,
+    :func:`rule_figure`, :func:`prefilter_figure`, ...)."""
     if name in BLOCKS:
         return BLOCKS[name]
     family = name.split(".", 1)[0]
@@ -463,10 +477,14 @@ def generator(name: str) -> Block | None:
         return lambda docs: compute_vs_topk(docs, name)
     if family == "tput" and name.count(".") == 3:
         return lambda docs: throughput_ratio(docs, name)
-    if family == "tta_compact" and name.count(".") == 1:
+    if family in ("tta_compact", "tta_compact_before") and name.count(".") == 1:
         return lambda docs: tta_compact_range(docs, name)
     if family == "eb" and name.count(".") == 3:
         return lambda docs: equal_bytes_figure(docs, name)
+    if family == "rule" and name.count(".") in (2, 3):
+        return lambda docs: rule_figure(docs, name)
+    if family == "pre" and name.count(".") == 4:
+        return lambda docs: prefilter_figure(docs, name)
     return None
 
 
@@ -478,7 +496,9 @@ def equal_bytes_figure(docs: Path, name: str) -> str:
     _, what, study, peer = name.split(".")
     runs = load(docs, EQUAL_BYTES[study])
     metric = metric_of(runs)
-    ratio, _, last, _, got = matched_gs(runs, metric, f"{peer.replace('-', ' ')} @ 1")
+    ratio, own, last, sent, got = matched_gs(runs, metric, f"{peer.replace('-', ' ')} @ 1")
+    if not matched(own, sent):
+        return f"n/a (no gs run within {MATCH:.0%} of its {own:.3g} MB)"
     digits = 1 if metric == "perplexity" else 3
     if what == "gs":
         return f"{last:.{digits}f}"
@@ -941,6 +961,45 @@ def rule_cells(docs: Path) -> list[dict]:
     return bench_recovery.rule_rows(bench_recovery.read_records([str(docs / "recovery_rule.jsonl")]))
 
 
+RULE_TASKS = {"cnn": "MNIST-5k CNN", "mlp": "digits MLP 1.28M"}
+
+
+def rule_figure(docs: Path, name: str) -> str:
+    """``rule.WHAT.TASK.P`` from ``docs/recovery_rule.jsonl`` (TASK ``cnn`` or ``mlp``): the
+    union's ``mass``, ``wire`` bytes or mass ``per_byte`` over the sparse exchange's, median over
+    the seeds; ``rule.crossing.TASK``: between which measured P the union stops delivering more
+    per byte in every seed."""
+    import statistics
+
+    parts = name.split(".")
+    cells = sorted((c for c in rule_cells(docs) if c["task"] == RULE_TASKS[parts[2]]), key=lambda c: c["P"])
+    if parts[1] == "crossing":
+        ahead = [c["P"] for c in cells if c["union_wins"] == len(c["seeds"])]
+        behind = [c["P"] for c in cells if c["P"] > max(ahead, default=0)]
+        if not behind:
+            return f"not within P ≤ {cells[-1]['P']}"
+        first = next(c for c in cells if c["P"] == behind[0])
+        split = "" if first["union_wins"] == 0 else f", level within the seeds at {first['P']}"
+        return f"between P = {max(ahead)} and {behind[0]}{split}"
+    cell = next(c for c in cells if c["P"] == int(parts[3]))
+    return f"{statistics.median(cell[parts[1]]):.2f}×"
+
+
+def prefilter_figure(docs: Path, name: str) -> str:
+    """``pre.TASK.P.EXCHANGE.L`` from ``docs/recovery_prefilter.jsonl``: the median over the seeds
+    of the mass per wire byte at pre-filter L over L = 1's (same exchange, task, P and seed)."""
+    import statistics
+
+    import bench_recovery
+
+    _, task, ranks, exchange, pre = name.split(".")
+    records = [r for r in bench_recovery.read_records([str(docs / "recovery_prefilter.jsonl")]) if "rows" in r
+               and r["task"] == RULE_TASKS[task] and r["P"] == int(ranks) and r["exchange"] == exchange]
+    base = {r.get("seed", 0): r["mass"] / r["wire"] for r in records if r["prefilter"] == 1}
+    ratios = [r["mass"] / r["wire"] / base[r.get("seed", 0)] for r in records if r["prefilter"] == int(pre)]
+    return f"{statistics.median(ratios):.2f}×"
+
+
 @block("rule.agrees")
 def rule_agrees(docs: Path) -> str:
     """In how many (task, P) cells of ``docs/recovery_rule.jsonl`` ``auto``'s pick is the exchange
@@ -1021,9 +1080,11 @@ def time_to_accuracy_compact(docs: Path) -> str:
 
 def tta_compact_range(docs: Path, name: str) -> str:
     """``tta_compact.P``: the range over the (workload, link) settings at P ranks of the defaults'
-    mean seconds to the target over top-k allgather's, from ``docs/time_to_accuracy_compact.jsonl``."""
-    ranks = int(name.split(".")[1])
-    summary = [s for s in tta_summary(docs, "time_to_accuracy_compact.jsonl") if s["ranks"] == ranks]
+    mean seconds to the target over top-k allgather's, from ``docs/time_to_accuracy_compact.jsonl``
+    (``tta_compact_before.P``: from ``docs/time_to_accuracy_compact_before.jsonl``, the same study
+    before the union's sums were sped up, on a less loaded machine)."""
+    family, ranks = name.split(".")[0], int(name.split(".")[1])
+    summary = [s for s in tta_summary(docs, f"time_to_accuracy_{family[4:]}.jsonl") if s["ranks"] == int(ranks)]
     ratios = []
     for key in dict.fromkeys((s["workload"], s["rate"]) for s in summary):
         mine = {s["method"]: s for s in summary if (s["workload"], s["rate"]) == key}
