@@ -412,7 +412,8 @@ class TorchOps:
                   counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # One stable sort: the copies of a coordinate end up adjacent, in vector order (a
         # vector's indices are distinct, so a run holds at most one pair of each vector); the
-        # j-th pair of every run longer than j is added in pass j, left to right.
+        # j-th pair of every run longer than j is added in pass j, left to right. The vectors'
+        # order is their order in idx, so ``counts`` is not needed here.
         ordered = torch.sort(idx, stable=True)
         keys, v = ordered.values, vals[ordered.indices]
         first = torch.ones(len(keys), dtype=torch.bool, device=keys.device)

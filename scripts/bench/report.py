@@ -934,25 +934,31 @@ def recovery_prefilter(docs: Path) -> str:
     median [min–max] over the seeds, and the mass per byte over L = 1's (same exchange, seed)."""
     import statistics
 
-    import bench_recovery
-
-    records = [r for r in bench_recovery.read_records([str(docs / "recovery_prefilter.jsonl")]) if "rows" in r]
-    base = {(r["task"], r["P"], r["exchange"], r.get("seed", 0)): r["mass"] / r["wire"] for r in records
-            if r["prefilter"] == 1}
-    cells: dict[tuple, list[dict]] = {}
-    for r in records:
-        cells.setdefault((r["task"], r["P"], r["exchange"], r["prefilter"]), []).append(r)
-
     def spread(xs: list[float], fmt: str) -> str:
         return f"{statistics.median(xs):{fmt}} [{min(xs):{fmt}}–{max(xs):{fmt}}]"
 
     lines = ["| task | P | exchange | L | seeds | delivered mass | wire kB / step | mass per wire byte ÷ L = 1's |",
              "|---|---|---|---|---|---|---|---|"]
-    for (task, P, exchange, pre), rs in sorted(cells.items()):
-        per_byte = [r["mass"] / r["wire"] / base[(task, P, exchange, r.get("seed", 0))] for r in rs]
+    for (task, P, exchange, pre), (rs, per_byte) in sorted(prefilter_cells(docs).items()):
         lines.append(f"| {task} | {P} | {exchange} | {pre} | {len(rs)} | {spread([r['mass'] for r in rs], '.3f')} "
                      f"| {spread([r['wire'] / 1e3 for r in rs], '.1f')} | {spread(per_byte, '.2f')} |")
     return "\n".join(lines)
+
+
+def prefilter_cells(docs: Path) -> dict[tuple, tuple[list[dict], list[float]]]:
+    """``docs/recovery_prefilter.jsonl`` by (task, P, exchange, L): (the records, one a seed; each
+    seed's mass per wire byte over L = 1's, same task, P, exchange and seed)."""
+    import bench_recovery
+
+    records = [r for r in bench_recovery.read_records([str(docs / "recovery_prefilter.jsonl")]) if "rows" in r]
+    base = {(r["task"], r["P"], r["exchange"], r.get("seed", 0)): r["mass"] / r["wire"] for r in records
+            if r["prefilter"] == 1}
+    cells: dict[tuple, tuple[list[dict], list[float]]] = {}
+    for r in records:
+        rs, per_byte = cells.setdefault((r["task"], r["P"], r["exchange"], r["prefilter"]), ([], []))
+        rs.append(r)
+        per_byte.append(r["mass"] / r["wire"] / base[(r["task"], r["P"], r["exchange"], r.get("seed", 0))])
+    return cells
 
 
 def rule_cells(docs: Path) -> list[dict]:
@@ -990,14 +996,9 @@ def prefilter_figure(docs: Path, name: str) -> str:
     of the mass per wire byte at pre-filter L over L = 1's (same exchange, task, P and seed)."""
     import statistics
 
-    import bench_recovery
-
     _, task, ranks, exchange, pre = name.split(".")
-    records = [r for r in bench_recovery.read_records([str(docs / "recovery_prefilter.jsonl")]) if "rows" in r
-               and r["task"] == RULE_TASKS[task] and r["P"] == int(ranks) and r["exchange"] == exchange]
-    base = {r.get("seed", 0): r["mass"] / r["wire"] for r in records if r["prefilter"] == 1}
-    ratios = [r["mass"] / r["wire"] / base[r.get("seed", 0)] for r in records if r["prefilter"] == int(pre)]
-    return f"{statistics.median(ratios):.2f}×"
+    _, per_byte = prefilter_cells(docs)[(RULE_TASKS[task], int(ranks), exchange, int(pre))]
+    return f"{statistics.median(per_byte):.2f}×"
 
 
 @block("rule.agrees")
@@ -1083,7 +1084,7 @@ def tta_compact_range(docs: Path, name: str) -> str:
     mean seconds to the target over top-k allgather's, from ``docs/time_to_accuracy_compact.jsonl``
     (``tta_compact_before.P``: from ``docs/time_to_accuracy_compact_before.jsonl``, the same study
     before the union's sums were sped up, on a less loaded machine)."""
-    family, ranks = name.split(".")[0], int(name.split(".")[1])
+    family, ranks = name.split(".")
     summary = [s for s in tta_summary(docs, f"time_to_accuracy_{family[4:]}.jsonl") if s["ranks"] == int(ranks)]
     ratios = []
     for key in dict.fromkeys((s["workload"], s["rate"]) for s in summary):
