@@ -95,18 +95,21 @@ class ArrayOps(Protocol):
     def unpairs(self, buf: Array) -> tuple[Array, Array]:
         """(idx (n,) int64, vals (n,) f32) of buf (2n,) f32, concatenated :meth:`pairs`."""
 
-    def wire_rounded(self, vals: Array) -> Array:
-        """vals (n,) f32 as the compact pair format carries them (:mod:`.kernels.pair_format`):
-        clamped and rounded to bfloat16, as f32."""
+    def wire_rounded(self, vals: Array, wire: str) -> Array:
+        """vals (n,) f32 as a message of the compact pair format ``wire`` carries them
+        (:func:`.kernels.pair_format.rounded`: bfloat16, or E4M3 at the scale of their largest), as f32."""
 
-    def pack_pairs(self, idx: Array, vals: Array, counts: Array, universe: int, low: int) -> tuple[Array, Array]:
+    def pack_pairs(self, idx: Array, vals: Array, counts: Array, universe: int, low: int,
+                   wire: str) -> tuple[Array, Array]:
         """Consecutive runs of counts (M,) pairs of idx (n,) int64 (each run sorted, distinct, in
-        [0, universe)) and vals (n,) f32, each a compact message with ``low`` low bits
-        (:func:`.kernels.pair_format.encode`): (the messages (m,) uint8, the bytes of each (M,) int32)."""
+        [0, universe)) and vals (n,) f32, each a message of the compact format ``wire`` with
+        ``low`` low bits (:func:`.kernels.pair_format.encode`): (the messages (m,) uint8, the
+        bytes of each (M,) int32)."""
 
-    def unpack_pairs(self, buf: Array, messages: int, universe: int, low: int) -> tuple[Array, Array, Array]:
+    def unpack_pairs(self, buf: Array, messages: int, universe: int, low: int,
+                     wire: str) -> tuple[Array, Array, Array]:
         """(idx (n,) int64, vals (n,) f32, the pairs of each message (messages,) int32) of
-        ``messages`` compact messages laid end to end in buf (uint8)."""
+        ``messages`` messages of the compact format ``wire`` laid end to end in buf (uint8)."""
 
     def take_sorted(self, keys: Array, vals: Array, x: Array) -> Array:
         """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent."""

@@ -65,31 +65,40 @@ def test_bytes_counted_are_the_bytes_handed_to_collectives(ranks, case):
     assert K <= gathered <= K * len(ranks)
 
 
+@pytest.mark.parametrize("wire", ["compact", "compact8"])
 @pytest.mark.parametrize("case", CASES)
-def test_compact_wire_is_the_top_k_of_the_rounded_sums_bitwise(ranks, case):
-    # wire="compact": each rank's values rounded to bfloat16, the owners' means rounded before
-    # the threshold: the NumPy recomputation of exactly that, bit for bit
+def test_compact_wires_are_the_top_k_of_the_rounded_sums_bitwise(ranks, case, wire):
+    # each rank's values rounded (bfloat16; E4M3 at its message's scale), the owners' means
+    # rounded before the threshold: the NumPy recomputation of exactly that, bit for bit
     for r in ranks:
-        assert r[f"compact_{case}_equals_reference"], f"rank {ranks.index(r)} of {len(ranks)}"
-        assert r[f"compact_{case}_nonzeros"] == K
+        assert r[f"{wire}_{case}_equals_reference"], f"rank {ranks.index(r)} of {len(ranks)}"
+        assert r[f"{wire}_{case}_nonzeros"] == K
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_compact_bytes_counted_are_the_encoded_bytes_handed_over(ranks, case):
+    P = len(ranks)
     for r in ranks:
-        counted, stats = r[f"compact_{case}_counted"], r[f"compact_{case}_stats"]
-        # under half of 8 bytes a pair, plus each message's 4-byte count
-        assert counted["alltoall"] == stats["alltoall_bytes"] < 4 * K + 4 * len(ranks)
-        assert counted["gather"] == stats["gather_bytes"]
-        assert counted["select"] == stats["select_bytes"] == histogram_bytes(len(ranks))
+        for wire in ("compact", "compact8"):
+            counted, stats = r[f"{wire}_{case}_counted"], r[f"{wire}_{case}_stats"]
+            assert counted["alltoall"] == stats["alltoall_bytes"]
+            assert counted["gather"] == stats["gather_bytes"]
+            assert counted["select"] == stats["select_bytes"] == histogram_bytes(P)
+        # under half of 8 bytes a pair, plus each message's 4-byte count; E4M3 values: the same
+        # pairs to the same owners, a byte less a value and a 2-byte scale more a message
+        compact, compact8 = r[f"compact_{case}_counted"]["alltoall"], r[f"compact8_{case}_counted"]["alltoall"]
+        assert compact < 4 * K + 4 * P
+        assert compact8 == compact - K + 2 * P
     fp32 = sum(r[f"{case}_counted"]["gather"] for r in ranks)
-    assert sum(r[f"compact_{case}_counted"]["gather"] for r in ranks) < fp32 / 2 + 4 * len(ranks)
+    assert sum(r[f"compact_{case}_counted"]["gather"] for r in ranks) < fp32 / 2 + 4 * P
+    assert sum(r[f"compact8_{case}_counted"]["gather"] for r in ranks) < 3 * fp32 / 8 + 6 * P
 
 
-@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch", "compact_sparse", "compact_allgather"])
+@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch", "compact_sparse", "compact_allgather",
+                                      "compact8_sparse", "compact8_allgather"])
 def test_residuals_keep_what_was_not_applied(ranks, exchange):
     for r in ranks:
-        assert r[f"{exchange}_exchange"] == exchange.removeprefix("compact_")
+        assert r[f"{exchange}_exchange"] == exchange.split("_")[-1]
         assert r[f"{exchange}_conservation_max_abs"] <= 1e-5
         assert r[f"{exchange}_digest"] == ranks[0][f"{exchange}_digest"]
 
@@ -103,7 +112,7 @@ def test_resume_from_saved_state_is_bitwise(ranks):
     assert all(r["resume_bitwise"] for r in ranks)
 
 
-@pytest.mark.parametrize("wire", ["", "compact_"])
+@pytest.mark.parametrize("wire", ["", "compact_", "compact8_"])
 def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, wire):
     for r in ranks:
         assert "'b.weight' is NaN or infinite on at least one rank" in r[f"{wire}nan_error"]

@@ -117,15 +117,19 @@ def test_sparse_exchange_trains_bitwise_as_the_allgathers_top_k(ranks, scope):
         assert gather["alltoall_bytes"] == 0
 
 
+@pytest.mark.parametrize("wire", ["compact", "compact8"])
 @pytest.mark.parametrize("pairs", ["sparse", "allgather"])
-def test_compact_wire_trains_alike_on_every_rank_in_a_tf_function(ranks, pairs):
-    digests = [r[f"compact_{pairs}_digests"] for r in ranks]
+def test_compact_wire_trains_alike_on_every_rank_in_a_tf_function(ranks, pairs, wire):
+    digests = [r[f"{wire}_{pairs}_digests"] for r in ranks]
     assert len(set(digests[0])) == 4 and digests[0] == digests[1]
     fp32 = ranks[0]["sparse_global_stats" if pairs == "sparse" else "gather_global_stats"]
+    compact = ranks[0][f"compact_{pairs}_stats"]
     for r in ranks:
-        stats = r[f"compact_{pairs}_stats"]
+        stats = r[f"{wire}_{pairs}_stats"]
         assert stats["steps"] == 4
         assert 0 < stats["gather_bytes"] + stats["alltoall_bytes"] < (fp32["gather_bytes"] + fp32["alltoall_bytes"])
+        if wire == "compact8":  # a byte less a value than bfloat16's
+            assert stats["gather_bytes"] + stats["alltoall_bytes"] < compact["gather_bytes"] + compact["alltoall_bytes"]
 
 
 def test_keras_training_stays_close_to_dense(ranks):

@@ -32,29 +32,33 @@ def message_sets() -> list[tuple[int, list[np.ndarray]]]:
     ]
 
 
+@pytest.mark.parametrize("wire", pf.PAIR_WIRES)
 @pytest.mark.parametrize("universe,messages", message_sets(), ids=lambda x: str(x) if isinstance(x, int) else None)
-def test_round_trip_and_sizes(universe, messages):
+def test_round_trip_and_sizes(universe, messages, wire):
     idx = np.concatenate(messages).astype(np.int64)
-    vals = np.random.default_rng(1).standard_normal(idx.size).astype(np.float32)
+    rng = np.random.default_rng(1)  # magnitudes over 2^-20 .. 2^20: messages with different scales
+    vals = (rng.standard_normal(idx.size) * 2.0 ** rng.integers(-20, 20, idx.size)).astype(np.float32)
     counts = np.array([m.size for m in messages], np.int32)
     low = pf.low_bits(max(1, idx.size // len(messages)), universe)
-    buf, sizes = pf.encode(idx, vals, counts, universe, low)
-    assert buf.dtype == np.uint8 and sizes.tolist() == [pf.message_bytes(n, universe, low) for n in counts]
+    buf, sizes = pf.encode(idx, vals, counts, universe, low, wire)
+    assert buf.dtype == np.uint8 and sizes.tolist() == [pf.message_bytes(n, universe, low, wire) for n in counts]
     assert buf.size == sizes.sum()
-    got_idx, got_vals, got_counts = pf.decode(buf, universe, low)
-    assert np.array_equal(got_idx, idx) and np.array_equal(got_vals, pf.rounded(vals))
+    got_idx, got_vals, got_counts = pf.decode(buf, universe, low, wire)
+    first = np.cumsum(counts) - counts  # each message's values as it rounds them, at its own scale
+    want = np.concatenate([pf.rounded(vals[f:f + n], wire) for f, n in zip(first, counts)])
+    assert np.array_equal(got_idx, idx) and np.array_equal(got_vals, want)
     assert got_counts.tolist() == counts.tolist()
     # the torch kernels write the same bytes and read them back alike
     t_buf, t_sizes = torch_pairs.encode(torch.from_numpy(idx), torch.from_numpy(vals), torch.from_numpy(counts),
-                                        universe, low)
+                                        universe, low, wire)
     assert np.array_equal(t_buf.numpy(), buf) and t_sizes.tolist() == sizes.tolist()
-    t_idx, t_vals, t_counts = torch_pairs.decode(torch.from_numpy(buf), universe, low)
+    t_idx, t_vals, t_counts = torch_pairs.decode(torch.from_numpy(buf), universe, low, wire)
     assert np.array_equal(t_idx.numpy(), idx) and np.array_equal(t_vals.numpy(), got_vals)
     assert t_counts.tolist() == counts.tolist()
     # ... and so do Numba's (what the CPU engine and TensorFlow run)
-    n_buf, n_sizes = numba_pairs.encode(idx, vals, counts, universe, low)
+    n_buf, n_sizes = numba_pairs.encode(idx, vals, counts, universe, low, wire)
     assert np.array_equal(n_buf, buf) and n_sizes.tolist() == sizes.tolist()
-    n_idx, n_vals, n_counts = numba_pairs.decode(buf, universe, low)
+    n_idx, n_vals, n_counts = numba_pairs.decode(buf, universe, low, wire)
     assert np.array_equal(n_idx, idx) and np.array_equal(n_vals, got_vals) and n_counts.tolist() == counts.tolist()
 
 
@@ -79,11 +83,14 @@ def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_ref
 
 
 def test_an_index_costs_about_2_plus_log2_of_the_gap():
-    # n = U/1000: l = 9 low bits, about 2 + 9 + 1 high bits: 28 bits a pair with the value
+    # n = U/1000: l = 9 low bits, about 2 + 9 + 1 high bits: 28 bits a pair with a bfloat16
+    # value, 20 with an E4M3 one (and 2 bytes of scale a message)
     low = pf.low_bits(1000, 1_000_000)
     assert low == 9
     assert 8 * (pf.message_bytes(1000, 1_000_000, low) - pf.HEADER) / 1000 < 28.1
+    assert 8 * (pf.message_bytes(1000, 1_000_000, low, "compact8") - pf.HEADER - pf.SCALE_BYTES) / 1000 < 20.1
     assert pf.message_bytes(0, 10, 3) == pf.HEADER
+    assert pf.message_bytes(0, 10, 3, "compact8") == pf.HEADER + pf.SCALE_BYTES
 
 
 def test_values_beyond_bfloat16_are_clamped_or_flushed_and_nan_inf_survive():
@@ -94,6 +101,7 @@ def test_values_beyond_bfloat16_are_clamped_or_flushed_and_nan_inf_survive():
     assert np.isnan(got[3]) and got[4] == np.inf and got[5] == -np.inf
     assert got[7] == 1.0  # halfway between 1 and 1 + 2^-7: to the even one
     assert np.array_equal(torch_pairs.rounded(torch.from_numpy(vals)).numpy(), got, equal_nan=True)
+    assert np.array_equal(numba_pairs.rounded(vals, "compact"), got, equal_nan=True)
     # NaN survives a round trip through a message
     buf, _ = pf.encode(np.array([1, 2, 3]), vals[3:6], np.array([3]), 10, 1)
     _, back, _ = torch_pairs.decode(torch.from_numpy(buf), 10, 1)
@@ -103,25 +111,75 @@ def test_values_beyond_bfloat16_are_clamped_or_flushed_and_nan_inf_survive():
     assert np.max(np.abs(pf.rounded(x) - x) / np.abs(x)) <= 2**-8
 
 
+def e4m3_cases() -> np.ndarray:
+    return np.array([3.4e38, -3.4e38, 1e-42, np.nan, np.inf, -np.inf, -0.0, 0.0, 1.0, 2.0**-20], np.float32)
+
+
+def test_e4m3_values_never_overflow_nan_inf_survive_and_the_error_is_bounded():
+    got = pf.rounded(e4m3_cases(), "compact8")
+    assert np.isfinite(got[[0, 1, 2, 6, 7, 8, 9]]).all()  # finite stays finite, even ±FLT_MAX
+    assert abs(got[0] - 3.4e38) <= 3.4e38 * 2**-4 and got[1] == -got[0]
+    assert np.isnan(got[3]) and got[4] == np.inf and got[5] == -np.inf
+    assert got[6] == 0 and got[8] == 0  # below 2^-18.8 of the message's largest: flushed to zero
+    assert np.array_equal(torch_pairs.rounded(torch.from_numpy(e4m3_cases()), "compact8").numpy(), got,
+                          equal_nan=True)
+    assert np.array_equal(numba_pairs.rounded(e4m3_cases(), "compact8"), got, equal_nan=True)
+    # a message of its own: its scale maps its largest into (224, 448], so 1.0 and 2^-20 survive
+    assert pf.rounded(np.array([1.0, 2.0**-10], np.float32), "compact8").tolist() == [1.0, 2.0**-10]
+    assert pf.rounded(np.array([1.0, 2.0**-18], np.float32), "compact8").tolist() == [1.0, 0.0]
+    # relative error at most 2^-4 (3 mantissa bits, to nearest) within 2^-13 of the largest;
+    # ties to even: 1 + 2^-4 is halfway between 1 and 1 + 2^-3
+    x = np.random.default_rng(3).standard_normal(10_000).astype(np.float32) * 2.0**40
+    x[0] = 2.0**40 * 225  # the largest just above 224 once scaled: the fewest normal binades below it
+    kept = np.abs(x) >= np.abs(x).max() * 2.0**-13
+    assert np.max(np.abs(pf.rounded(x, "compact8") - x)[kept] / np.abs(x[kept])) <= 2**-4
+    for scale in (2.0**-130, 1.0, 2.0**80):  # Numba's and torch's codes, the reference's bits at any scale
+        y = (x * scale).astype(np.float32)
+        assert np.array_equal(numba_pairs.rounded(y, "compact8"), pf.rounded(y, "compact8"))
+        assert np.array_equal(torch_pairs.rounded(torch.from_numpy(y), "compact8").numpy(), pf.rounded(y, "compact8"))
+    assert pf.rounded(np.array([448.0, 1.0 + 2**-4, 1.0 + 3 * 2**-4], np.float32), "compact8").tolist() == \
+        [448.0, 1.0, 1.25]
+    # NaN and ±Inf leave the scale to the finite values and survive a message
+    buf, _ = pf.encode(np.arange(4), np.array([np.nan, 1.0, np.inf, -np.inf], np.float32), np.array([4]), 10, 1,
+                       "compact8")
+    back = torch_pairs.decode(torch.from_numpy(buf), 10, 1, "compact8")[1]
+    assert back.isnan()[0] and back[1] == 1.0 and back[2] == float("inf") and back[3] == float("-inf")
+
+
+def test_e4m3_rounding_travels_unchanged_in_any_subset_of_the_rounded_set():
+    # the engine rounds a rank's whole outgoing set at one scale and sends subsets of it (one
+    # message per owner, an owner's chosen sums): a subset's own scale is no coarser, so its
+    # message carries those rounded values bit for bit
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(5000) * 10.0 ** rng.uniform(-3, 1, 5000)).astype(np.float32)
+    r = pf.rounded(x, "compact8")
+    for part in (np.arange(0, 5000, 7), np.argsort(-np.abs(x))[200:400], np.argsort(np.abs(x))[:50]):
+        part = np.sort(part)
+        buf, _ = pf.encode(part, r[part], np.array([part.size]), 5000, 3, "compact8")
+        assert np.array_equal(pf.decode(buf, 5000, 3, "compact8")[1], r[part])
+
+
 def test_a_vector_of_2_to_the_31_coordinates_runs_the_exact_exchanges_compact_only():
     big = 2**31 + 10  # laid out, never allocated
     compact = GsConfig(ratio=1e-6, wire="compact")
     assert Plan.build(["w"], [big], compact, ranks=64).exchange == "sparse"
     assert Plan.build(["w"], [big], compact, ranks=2).exchange == "allgather"
+    assert Plan.build(["w"], [big], GsConfig(ratio=1e-6, wire="compact8"), ranks=64).exchange == "sparse"
     fp32 = GsConfig(ratio=1e-6, wire="fp32")
     assert Plan.build(["w"], [big], fp32, ranks=64).exchange == "sketch"  # fp32's int32 indices
-    with pytest.raises(ValueError, match="wire='compact' has no limit"):
+    with pytest.raises(ValueError, match="wire='compact' and 'compact8' have no limit"):
         Plan.build(["w"], [big], GsConfig(ratio=1e-6, exchange="sparse", wire="fp32"), ranks=4)
 
 
+@pytest.mark.parametrize("wire", ["compact", "compact8"])
 @pytest.mark.parametrize("exchange", ["allgather", "sparse"])
 @pytest.mark.parametrize("P", [2, 3, 4])
-def test_rounding_is_kept_in_the_residuals(exchange, P):
+def test_rounding_is_kept_in_the_residuals(exchange, P, wire):
     # Σ_r e_r + P·Δ = Σ_r a_r after every step (up to float32 sums of D values): what rounding
     # took from a rank's value stays in its residual, what it took from an owner's sum in the owner's
     D, steps = 20_000, 4
     group = SimulatedRanks(P)
-    cfg = GsConfig(ratio=0.01, exchange=exchange, wire="compact", backend="torch")
+    cfg = GsConfig(ratio=0.01, exchange=exchange, wire=wire, backend="torch")
     states = [EngineState(GsSgd(cfg, TorchOps("torch"), comm), CommStats()) for comm in group.comms]
     gens = [torch.Generator().manual_seed(r) for r in range(P)]
     before = [torch.zeros(D) for _ in range(P)]
@@ -147,3 +205,4 @@ def test_compact_about_halves_the_planned_bytes_of_the_exact_exchanges(exchange,
         return p.gather + p.alltoall
 
     assert payload("compact") <= most * payload("fp32")
+    assert payload("compact8") <= 0.8 * payload("compact")  # 8 value bits off about 28 a pair, + a scale a message

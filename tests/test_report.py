@@ -124,3 +124,9 @@ def test_equal_bytes_takes_the_gs_run_just_below_the_peers_budget() -> None:
     assert ratio == 0.005 and got.status == "stopped short" and got.value == pytest.approx(0.8)
     far = {"powersgd r1 @ 1": peer, "gs @ 0.01": {"0": run(1.5e5, [0.7, 0.95])}}
     assert not report.matched(*report.matched_gs(far, "accuracy", "powersgd r1 @ 1")[1:4:2])
+    # a gs variant is matched among its own runs only: "gs compact8 @ 0.006" (1.96 MB) though
+    # the defaults' run at 0.004 lies in the band too
+    both = {**runs, "gs compact8 @ 0.006": {"0": run(9.8e4, [0.6, 0.75])}}
+    assert report.matched_gs(both, "accuracy", "powersgd r1 @ 1")[0] == 0.004
+    ratio, _, last, sent, _ = report.matched_gs(both, "accuracy", "powersgd r1 @ 1", "gs compact8")
+    assert (ratio, last, sent) == (0.006, 0.75, pytest.approx(1.96))

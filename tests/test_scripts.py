@@ -158,13 +158,17 @@ def test_bench_sketch_quick(tmp_path: Path) -> None:
 def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     """``bench_recovery.py --quick`` (3 steps instead of 20, P = 4) runs the library's engine
     under every exchange and every baseline, prints the tables and ends with GsSketch's
-    defaults against gTop-k over all weights, the ratios of its own records; ``--report`` of
+    defaults (then the defaults with ``wire="compact8"``) against gTop-k over all weights, the
+    ratios of its own records; ``--report`` of
     the records prints the tables, writes the Markdown table and draws both plots."""
     records = tmp_path / "recovery.jsonl"
     stdout = run_script("bench/bench_recovery.py", "--quick", "--ranks", "4", "--steps", "3", "--out", str(records))
-    last = stdout.strip().splitlines()[-1]
-    match = re.fullmatch(r"defaults_vs_gtopk P=4 delivered_mass_ratio (\d+\.\d{3}) wire_bytes_ratio (\d+\.\d{3})", last)
-    assert match, last
+    *_, line, last = stdout.strip().splitlines()
+    match = re.fullmatch(r"defaults_vs_gtopk P=4 delivered_mass_ratio (\d+\.\d{3}) wire_bytes_ratio (\d+\.\d{3})", line)
+    assert match, line
+    match8 = re.fullmatch(r"compact8_vs_gtopk P=4 delivered_mass_ratio (\d+\.\d{3}) wire_bytes_ratio (\d+\.\d{3})",
+                          last)
+    assert match8, last
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     by_method = {r["method"]: r for r in rows if r["method"] != "gs global"}
     gs = {(r["exchange"], r["apply"], r["wire_format"]): r for r in rows if r["method"] == "gs global"}
@@ -174,11 +178,16 @@ def test_bench_recovery_quick_and_report(tmp_path: Path) -> None:
     assert by_method["gTop-k (global, compact pairs)"]["wire"] < 0.6 * by_method["gTop-k (global)"]["wire"]
     pairs = {(e, a, w) for e, a in (("sparse", None), ("allgather", "topk"), ("allgather", None))
              for w in ("fp32", "compact")}
-    assert set(gs) == {("auto", None, "compact"), ("sketch", None, "compact")} | pairs
+    assert set(gs) == {("auto", None, "compact"), ("auto", None, "compact8"), ("sketch", None, "compact")} | pairs
     assert all(r["P"] == 4 and r["steps"] == 3 and len(r["loss"]) == 3 for r in rows)
     gtopk, defaults = by_method["gTop-k (global)"], gs["auto", None, "compact"]
     assert float(match[1]) == pytest.approx(defaults["mass"] / gtopk["mass"], abs=1e-3)
     assert float(match[2]) == pytest.approx(defaults["wire"] / gtopk["wire"], abs=1e-3)
+    compact8 = gs["auto", None, "compact8"]
+    assert float(match8[1]) == pytest.approx(compact8["mass"] / gtopk["mass"], abs=1e-3)
+    assert float(match8[2]) == pytest.approx(compact8["wire"] / gtopk["wire"], abs=1e-3)
+    # E4M3 values: the same coordinates, a byte less a value than bfloat16's
+    assert compact8["mass"] == pytest.approx(defaults["mass"], rel=2e-2) and compact8["wire"] < defaults["wire"]
     # at P = 4 the defaults are the allgather applying its union (at most twice the sparse
     # exchange's bytes); the sparse exchange applies what the allgather's top k does, for less
     assert defaults["exchange_used"] == "allgather"
@@ -377,7 +386,7 @@ def test_bench_compute_quick(tmp_path: Path) -> None:
     the documented ratios of the rows' medians."""
     out = run_script("bench/bench_compute.py", "--quick", "--scale", "256", "--out", str(tmp_path / "c.json"))
     rows = json.loads((tmp_path / "c.json").read_text())
-    assert len(rows) == 10 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
+    assert len(rows) == 11 and all(r["median_s"] > 0 and r["ranks"] == 4 for r in rows)
     median = {r["method"]: r["median_s"] for r in rows}
     lines = [line.split() for line in out.strip().splitlines()[-3:]]
     assert [line[0] for line in lines] == ["defaults_vs_topk_allgather", "gtopk_vs_topk_allgather", "compact_vs_fp32"]

@@ -69,7 +69,7 @@ def bits(x: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("case", ["random", "ties", "one_region"])
 @pytest.mark.parametrize("scope", ["global", "layer"])
 @pytest.mark.parametrize("P", [3, 4])
-@pytest.mark.parametrize("wire", ["fp32", "compact"])
+@pytest.mark.parametrize("wire", ["fp32", "compact", "compact8"])
 def test_tf_sparse_exchange_equals_torch_bitwise(wire, P, scope, case):
     # ties: magnitudes 1 and 2 only (the threshold's bin is all ties, broken by lower index);
     # one_region: every heavy coordinate in the first 200 of a.weight; compact: TF encodes by
@@ -90,9 +90,10 @@ def test_tf_sparse_exchange_equals_torch_bitwise(wire, P, scope, case):
             assert np.array_equal(bits(u_tf), bits(tf_runs[0][t][0]))
 
 
+@pytest.mark.parametrize("wire", ["compact", "compact8"])
 @pytest.mark.parametrize("apply", ["topk", "all"])
-def test_tf_compact_allgather_equals_torch_bitwise(apply):
-    cfg = GsConfig(ratio=0.01, exchange="allgather", apply=apply, wire="compact", backend="torch")
+def test_tf_compact_allgather_equals_torch_bitwise(apply, wire):
+    cfg = GsConfig(ratio=0.01, exchange="allgather", apply=apply, wire=wire, backend="torch")
     torch_runs, tf_runs = run(TorchOps("torch"), torch.from_numpy, 3, cfg, "random"), run(TfOps(), tf.constant, 3,
                                                                                           cfg, "random")
     for r in range(3):

@@ -78,9 +78,9 @@ class GTopK(Reducer):
         n = len(idx)
         if self.wire == "compact":  # the engine's codec and its dispatch (Numba on the CPU)
             ops, low = TorchOps(self.backend), pair_format.low_bits(n, D)
-            buf, _ = ops.pack_pairs(idx, vals, torch.tensor([n]), D, low)
+            buf, _ = ops.pack_pairs(idx, vals, torch.tensor([n]), D, low, self.wire)
             theirs = pairwise(comm, buf, comm.rank ^ mask, f"gtopk.{mask}")
-            their_idx, their_vals, _ = ops.unpack_pairs(theirs, 1, D, low)
+            their_idx, their_vals, _ = ops.unpack_pairs(theirs, 1, D, low, self.wire)
             return their_idx, their_vals
         theirs = pairwise(comm, torch.cat([idx.to(torch.int32), vals.view(torch.int32)]), comm.rank ^ mask,
                           f"gtopk.{mask}")

@@ -16,7 +16,7 @@ NONFINITE = ("raise", "skip")
 APPLY = ("topk", "all")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
-WIRES = ("fp32", "compact")
+WIRES = ("fp32", "compact", "compact8")
 DEFAULT_RATIO = 0.01
 
 
@@ -73,7 +73,9 @@ class GsConfig:
         and a float32 value, 8 bytes a pair; a vector of fewer than 2^31 coordinates) or
         "compact" (Elias–Fano indices and bfloat16 values, :mod:`gs_horovod.kernels.pair_format`:
         about 3.5 bytes a pair at k = D/1000, any vector length; what rounding takes from a
-        rank's value stays in its residual, and an owner keeps what rounding its sum lost).
+        rank's value stays in its residual, and an owner keeps what rounding its sum lost) or
+        "compact8" (the same indices, values in 8-bit E4M3 with one power-of-two scale a
+        message: about 2.5 bytes a pair at k = D/1000, relative rounding error at most 2^-4).
     seed: hash seed; must be equal on every rank.
     exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
         the exchange's own (True for the sketch, False for the allgather and the sparse exchange,

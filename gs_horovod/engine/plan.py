@@ -107,7 +107,7 @@ class Plan:
             if EXCHANGES[exchange].sends_pairs:
                 if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
                     raise ValueError(f"exchange={exchange!r} with wire='fp32' sends int32 indices: {total} "
-                                     "coordinates is too many (wire='compact' has no limit)")
+                                     "coordinates is too many (wire='compact' and 'compact8' have no limit)")
                 chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,

@@ -375,29 +375,34 @@ class TorchOps:
         both = buf.view(-1, 2)
         return both[:, 0].contiguous().view(torch.int32).long(), both[:, 1].contiguous()
 
-    def wire_rounded(self, vals: torch.Tensor) -> torch.Tensor:
-        return torch_pairs.rounded(vals)
+    def wire_rounded(self, vals: torch.Tensor, wire: str) -> torch.Tensor:
+        """Numba's on the CPU (backend "auto" or "numba"), the vectorised torch one elsewhere (same bits)."""
+        if resolve(self.backend, vals.device) == "numba":
+            from . import numba_pairs
+
+            return torch.from_numpy(numba_pairs.rounded(vals.detach().numpy(), wire))
+        return torch_pairs.rounded(vals, wire)
 
     def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe: int,
-                   low: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   low: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The compact messages: Numba's codec on the CPU (backend "auto" or "numba"), the
         vectorised torch one elsewhere (same bytes)."""
         if resolve(self.backend, idx.device) == "numba":
             from . import numba_pairs
 
             buf, sizes = numba_pairs.encode(idx.contiguous().numpy(), vals.detach().contiguous().numpy(),
-                                             counts.contiguous().numpy(), universe, low)
+                                             counts.contiguous().numpy(), universe, low, wire)
             return torch.from_numpy(buf), torch.from_numpy(sizes)
-        return torch_pairs.encode(idx, vals, counts, universe, low)
+        return torch_pairs.encode(idx, vals, counts, universe, low, wire)
 
     def unpack_pairs(self, buf: torch.Tensor, messages: int, universe: int,
-                     low: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     low: int, wire: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if resolve(self.backend, buf.device) == "numba":
             from . import numba_pairs
 
-            idx, vals, counts = map(torch.from_numpy, numba_pairs.decode(buf.contiguous().numpy(), universe, low))
+            idx, vals, counts = map(torch.from_numpy, numba_pairs.decode(buf.contiguous().numpy(), universe, low, wire))
         else:
-            idx, vals, counts = torch_pairs.decode(buf, universe, low)
+            idx, vals, counts = torch_pairs.decode(buf, universe, low, wire)
         if len(counts) != messages:
             raise ValueError(f"expected {messages} compact messages, read {len(counts)}")
         return idx, vals, counts

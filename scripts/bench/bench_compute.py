@@ -6,6 +6,7 @@ The busiest rank's time is reported (Sketched-SGD: rank 0, which merges P sketch
 
     python scripts/bench/bench_compute.py --out docs/bench_compute.json      # D = 2^24, P = 4, 16, k = D/100, D/1000
     python scripts/bench/bench_compute.py --quick                            # P = 4, k = D/1000, one timed step
+    python scripts/bench/bench_compute.py --codec --wire compact8 --out R.json   # the E4M3 codec's share
 
 D = 2^24 float32 coordinates as three matrices (4096×2048, 4096×1024, 2048×2048), each rank
 with its own N(0, 1) gradient; every method runs with global scope (one selection over all D),
@@ -63,6 +64,7 @@ class GsRank:
 METHODS: dict[str, Callable[[float, list, int], Any]] = {  # (ratio, shapes, ranks) → one rank's method
     "gs-SGD (defaults)": GsRank,
     "gs-SGD (wire=fp32)": lambda r, shapes, P: GsRank(r, shapes, P, wire="fp32"),
+    "gs-SGD (wire=compact8)": lambda r, shapes, P: GsRank(r, shapes, P, wire="compact8"),
     "gs-SGD (exchange=sparse)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sparse"),
     "gs-SGD (exchange=sparse, wire=fp32)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sparse", wire="fp32"),
     "gs-SGD (exchange=sketch)": lambda r, shapes, P: GsRank(r, shapes, P, exchange="sketch"),
@@ -108,8 +110,8 @@ def measure(methods: list[str], ratio: float, ranks: int, shapes: list[tuple[int
 
 
 class TimedOps(TorchOps):
-    """TorchOps that adds up the seconds spent encoding and decoding compact pairs and selecting
-    (``top_abs``) in ``seconds`` (keys "codec", "selection")."""
+    """TorchOps that adds up the seconds spent rounding values to the wire, encoding and decoding
+    compact pairs, and selecting (``top_abs``) in ``seconds`` (keys "codec", "selection")."""
 
     def __init__(self, backend: str = "auto") -> None:
         super().__init__(backend)
@@ -121,6 +123,9 @@ class TimedOps(TorchOps):
         self.seconds[key] += time.perf_counter() - t0
         return out
 
+    def wire_rounded(self, *args: Any) -> Any:
+        return self._timed("codec", super().wire_rounded, *args)
+
     def pack_pairs(self, *args: Any) -> Any:
         return self._timed("codec", super().pack_pairs, *args)
 
@@ -131,15 +136,16 @@ class TimedOps(TorchOps):
         return self._timed("selection", super().top_abs, *args)
 
 
-def codec_share(ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int) -> dict:
-    """The compact codec's share of the defaults' step: the busiest rank's seconds encoding and
-    decoding pairs and its seconds selecting (``top_abs``: the pre-filter and, under the sparse
-    exchange, the owners' selection), over ``steps`` steps after one untimed, one thread."""
+def codec_share(ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: int, wire: str = "compact") -> dict:
+    """The compact codec's share of the defaults' step (with ``wire``): the busiest rank's seconds
+    encoding and decoding pairs (and rounding its values to them: ``wire_rounded``) and its seconds selecting
+    (``top_abs``: the pre-filter and, under the sparse exchange, the owners' selection), over
+    ``steps`` steps after one untimed, one thread."""
     grads = []
     for r in range(ranks):
         g = torch.Generator().manual_seed(r)
         grads.append([(n, torch.randn(s, generator=g)) for n, s in zip(NAMES, shapes)])
-    states = [GsRank(ratio, shapes, ranks) for _ in range(ranks)]
+    states = [GsRank(ratio, shapes, ranks, wire=wire) for _ in range(ranks)]
     for state in states:
         state.ops = TimedOps(state.config.backend)
     for step in range(steps + 1):
@@ -153,7 +159,7 @@ def codec_share(ratio: float, ranks: int, shapes: list[tuple[int, ...]], steps: 
 
         SimulatedRanks(ranks).run(one_step)
     busiest = max(states, key=lambda s: s.ops.seconds["codec"])
-    return {"ranks": ranks, "ratio": ratio, "exchange": states[0].plan.exchange,
+    return {"ranks": ranks, "ratio": ratio, "wire": wire, "exchange": states[0].plan.exchange,
             "codec_s": busiest.ops.seconds["codec"] / steps, "selection_s": busiest.ops.seconds["selection"] / steps}
 
 
@@ -183,6 +189,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="P = 4, k = D/1000, one timed step")
     p.add_argument("--codec", action="store_true",
                    help="only the codec's time over the selection's (codec_vs_selection lines)")
+    p.add_argument("--wire", choices=["compact", "compact8"], default="compact",
+                   help="the pair wire of the codec_vs_selection lines")
     p.add_argument("--out", help="write the rows as JSON here")
     args = p.parse_args(argv)
     return args
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     shares = []
     for P in args.ranks:
         for ratio in args.ratios:
-            share = codec_share(ratio, P, shapes, args.steps)
+            share = codec_share(ratio, P, shapes, args.steps, args.wire)
             shares.append(share)
             print(f"codec_vs_selection P={P} k=D·{ratio:g} {share['codec_s'] / share['selection_s']:.3f} "
                   f"({share['exchange']}: {1e3 * share['codec_s']:.2f} ms against {1e3 * share['selection_s']:.1f} ms)",

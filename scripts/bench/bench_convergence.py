@@ -61,6 +61,7 @@ METHODS = {
     "gs sketch": ("gs", ["--gs", "exchange=sketch"]),  # the paper's sketch (the defaults: "auto")
     "gs fp32": ("gs", ["--gs", "wire=fp32"]),  # the defaults with each pair an int32 and a float32
     "gs compact": ("gs", ["--gs", "wire=compact"]),  # ... with Elias-Fano indices and bfloat16 values
+    "gs compact8": ("gs", ["--gs", "wire=compact8"]),  # ... and E4M3 values, one scale a message
     "topk compact": ("gs", ["--gs", "exchange=allgather", "--gs", "wire=compact"]),  # top-k allgather, compact
     "topk": ("topk", []),
     "topk layer": ("topk", ["--opt", "scope=layer"]),

@@ -100,20 +100,26 @@ def shipped_settings() -> GsConfig:
 
 def label(cfg: GsConfig) -> str:
     """``r<rows> w<width> m<candidates>[ exact]|noexact L<prefilter> f16|f32[ topk|all][ sketch|allgather|sparse]
-    [ compact]``: ``exact`` / ``noexact`` when the exact round is forced on / off (else the
-    exchange's own), the apply rule when given, the exchange when forced (not "auto"), the
-    pair wire format when it is "compact"."""
+    [ compact|compact8]``: ``exact`` / ``noexact`` when the exact round is forced on / off (else
+    the exchange's own), the apply rule when given, the exchange when forced (not "auto"), the
+    pair wire format when it is "compact" or "compact8"."""
     m = {None: f"m{cfg.candidates}", True: f"m{cfg.candidates} exact", False: "noexact"}[cfg.exact]
     text = f"r{cfg.rows} w{cfg.width:g} {m} L{cfg.prefilter} {'f16' if cfg.sketch_dtype == 'float16' else 'f32'}"
     text += (f" {cfg.apply}" if cfg.apply else "") + ("" if cfg.exchange == "auto" else f" {cfg.exchange}")
-    return text + (" compact" if cfg.wire == "compact" and cfg.exchange != "sketch" else "")
+    return text + (f" {cfg.wire}" if cfg.wire != "fp32" and cfg.exchange != "sketch" else "")
 
 
 def is_shipped(r: dict) -> bool:
     """Whether record r is gs global at the shipped sizes (in the wire format it ran with:
-    records from before ``wire`` existed ran with "fp32" pairs)."""
+    records from before ``wire`` existed ran with "fp32" pairs; "compact8" is a variant,
+    :func:`is_defaults_compact8`)."""
     shipped = replace(shipped_settings(), wire=r.get("wire_format", "fp32"))
-    return r.get("scope") == "global" and r.get("label") == label(shipped)
+    return r.get("scope") == "global" and r.get("label") == label(shipped) and shipped.wire != "compact8"
+
+
+def is_defaults_compact8(r: dict) -> bool:
+    """Whether record r is gs at its defaults but for ``wire="compact8"``."""
+    return r.get("scope") == "global" and r.get("label") == label(replace(shipped_settings(), wire="compact8"))
 
 
 def is_old(r: dict) -> bool:
@@ -414,9 +420,11 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     point, and prefilter 0 beyond 2 configs; 'small' keeps prefilter 1 and f16 but for 3
     configs; 'quick' is a neighbourhood of the shipped sizes; each ends with the old defaults
     (layer scope, rows 5, width 4, 1 candidate round, whole residuals, f32). 'shipped' is
-    GsConfig's defaults; 'exchanges' the defaults ("auto"), then each exchange forced at the
-    shipped sizes: "sparse", "allgather" applying the top k, "allgather" at its own defaults
-    (top-k allgather) and "sketch"; 'sizing' is the study of issue 20: the sketch forced at
+    GsConfig's defaults; 'exchanges' the defaults ("auto"), the defaults with ``wire="compact8"``,
+    then each exchange forced at the shipped sizes in both of "fp32" and "compact": "sparse",
+    "allgather" applying the top k, "allgather" at its own defaults (top-k allgather), and
+    "sketch"; 'compact8' the defaults with ``wire="compact8"`` alone (beside an 'exchanges' run);
+    'sizing' is the study of issue 20: the sketch forced at
     widths 2–16 and 1, 2 or 4 candidates, the allgather forced at pre-filters 1 and 2, each
     applying the top k or all fetched values; 'rule' the two exchanges "auto" chooses between:
     "sparse" and "allgather" at its own defaults (the union applied); 'prefilter' those two with
@@ -448,11 +456,15 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
         return
     elif level == "exchanges":
         yield shipped  # "auto": the allgather at small P, the sparse exchange above
+        yield replace(shipped, wire="compact8")  # ... with E4M3 values, labelled
         for wire in ("fp32", "compact"):  # each pair exchange in both wire formats, labelled
             yield replace(shipped, exchange="sparse", wire=wire)
             yield replace(shipped, exchange="allgather", apply="topk", wire=wire)
             yield replace(shipped, exchange="allgather", wire=wire)  # its own defaults: top-k allgather
         yield replace(shipped, exchange="sketch")  # the paper's Count-Sketch at the shipped sizes
+        return
+    elif level == "compact8":  # the defaults with E4M3 values alone, beside an "exchanges" run's records
+        yield replace(shipped, wire="compact8")
         return
     elif level == "quick":
         for change in ({}, {"rows": 1, "width": 4.0, "candidates": 2}, {"rows": 5}, {"width": 1.0},
@@ -498,11 +510,14 @@ def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], ba
     return records
 
 
-def compare(records: list[dict], ranks: int, peer: str = "gTop-k (global)") -> tuple[float, float]:
+def compare(records: list[dict], ranks: int, peer: str = "gTop-k (global)",
+            wire: Optional[str] = None) -> tuple[float, float]:
     """(gs mass / peer mass, gs wire / peer wire) for gs at its defaults (``GsConfig()`` with the
-    ratio: exchange "auto") at P = ranks; the peer is gTop-k over all weights unless named."""
+    ratio: exchange "auto"; ``wire="compact8"``: with that wire) at P = ranks; the peer is gTop-k
+    over all weights unless named."""
     ref = next(r for r in records if r["P"] == ranks and r["method"] == peer)
-    ship = next(r for r in records if r["P"] == ranks and is_shipped(r))
+    ours = is_defaults_compact8 if wire == "compact8" else is_shipped
+    ship = next(r for r in records if r["P"] == ranks and ours(r))
     return ship["mass"] / ref["mass"], ship["wire"] / ref["wire"]
 
 
@@ -635,8 +650,9 @@ def method_name(r: dict) -> str:
         return r["method"]
     used = r.get("exchange_used", "?")
     text = f"gs defaults (auto → {used})" if r["exchange"] == "auto" else f"gs {r['exchange']}"
-    if r["exchange"] in ("allgather", "sparse") and r.get("wire_format") == "compact":
-        text += " compact"
+    if r.get("wire_format") in ("compact", "compact8") and (r["exchange"] in ("allgather", "sparse")
+                                                            or r["wire_format"] == "compact8"):
+        text += f" {r['wire_format']}"
     if r.get("apply"):
         text += f", apply {r['apply']}"
     elif r["exchange"] == "allgather":
@@ -770,7 +786,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="steps per method (default 40; with --quick 20)")
     p.add_argument("--batch", type=int, default=8, help="images per rank per step")
     p.add_argument("--grid", choices=["full", "pruned", "small", "quick", "shipped", "sizing", "exchanges", "rule",
-                                      "prefilter", "none"], default="full")
+                                      "prefilter", "compact8", "none"], default="full")
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
                    help="initial weights and micro-batches (0: the start of every earlier record)")
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")
@@ -809,6 +825,8 @@ def main(argv: list[str] | None = None) -> None:
         mass, wire = compare(records, P)
         print(f"\n({time.process_time() - t0:.0f} s of CPU)")
         print(f"defaults_vs_gtopk P={P} delivered_mass_ratio {mass:.3f} wire_bytes_ratio {wire:.3f}")
+        mass, wire = compare(records, P, wire="compact8")
+        print(f"compact8_vs_gtopk P={P} delivered_mass_ratio {mass:.3f} wire_bytes_ratio {wire:.3f}")
         return
     for name in args.run.split(","):
         for seed in args.seeds:

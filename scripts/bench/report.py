@@ -75,24 +75,27 @@ def convergence_table(docs: Path, name: str) -> str:
     return conv.table(runs, metric_of(runs))
 
 
-def equal_bytes_table(docs: Path, name: str, ratios: tuple[float, ...]) -> str:
-    """Per k: gs's whole cumulative wire budget, gs's final metric, and each peer at that budget
-    (:func:`bench_convergence.at_budget`: interpolated, stopped short of it, or starting beyond
-    it), means over seeds."""
+def equal_bytes_table(docs: Path, name: str, ratios: tuple[float, ...], families: tuple[str, ...] = ("gs",)) -> str:
+    """Per gs run (each of ``families`` at each of its k in ``ratios``): its whole cumulative
+    wire budget, its final metric, and each peer at that budget (:func:`bench_convergence.at_budget`:
+    interpolated, stopped short of it, or starting beyond it), means over seeds. Peers: every
+    method but dense and the gs variants."""
     runs = load(docs, name)
     metric = metric_of(runs)
-    peers = [k.rsplit(" @ ", 1)[0] for k in runs if k.rsplit(" @ ", 1)[0] not in ("gs", "dense")]
+    peers = [k.rsplit(" @ ", 1)[0] for k in runs if not k.startswith(("gs", "dense"))]
     peers = list(dict.fromkeys(peers))
-    lines = ["| k/d | gs's budget (wire MB) | gs | " + " | ".join(peers) + " |",
+    lines = ["| gs run | its budget (wire MB) | its final | " + " | ".join(peers) + " |",
              "|---|---|---|" + "---|" * len(peers)]
-    for ratio in ratios:
-        last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
-        at = conv.peers_at_budget(runs, metric, ratio)
-        cells = []
-        for p in peers:
-            key = next((k for k in at if k.rsplit(" @ ", 1)[0] == p), None)
-            cells.append(at[key].text() if key else "–")
-        lines.append(f"| 1/{round(1 / ratio)} | {sent:.3g} | **{last:.4g}** | " + " | ".join(cells) + " |")
+    for family in families:
+        for ratio in (r for r in ratios if f"{family} @ {r:g}" in runs):
+            last, sent = conv.gs_budget(runs[f"{family} @ {ratio:g}"], metric)
+            at = conv.peers_at_budget(runs, metric, ratio, family)
+            cells = []
+            for p in peers:
+                key = next((k for k in at if k.rsplit(" @ ", 1)[0] == p), None)
+                cells.append(at[key].text() if key else "–")
+            lines.append(f"| {family} @ 1/{round(1 / ratio)} | {sent:.3g} | **{last:.4g}** | " + " | ".join(cells)
+                         + " |")
     return "\n".join(lines)
 
 
@@ -124,9 +127,11 @@ for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
                      "cnn_ddp2": "convergence_cnn_ddp2.json"}.items():
     block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, (0.01, 0.001)))
-def gs_ratios(runs: dict) -> tuple[float, ...]:
-    """The k/D gs ran at in ``runs``, descending."""
-    return tuple(sorted((float(k.rsplit(" @ ", 1)[1]) for k in runs if k.rsplit(" @ ", 1)[0] == "gs"), reverse=True))
+GS_FAMILIES = ("gs", "gs compact8")
+"""The gs variants of the equal-bytes study: the defaults, and the defaults with ``wire="compact8"``."""
+def gs_ratios(runs: dict, family: str = "gs") -> tuple[float, ...]:
+    """The k/D gs (or the gs variant ``family``) ran at in ``runs``, descending."""
+    return tuple(sorted((float(k.rsplit(" @ ", 1)[1]) for k in runs if k.rsplit(" @ ", 1)[0] == family), reverse=True))
 
 
 MATCH = 0.1
@@ -138,17 +143,18 @@ def matched(own: float, sent: float) -> bool:
     return abs(sent - own) <= MATCH * own
 
 
-def matched_gs(runs: dict, metric: str, key: str) -> tuple[float, float, float, float, conv.AtBudget]:
-    """For peer ``key``: (the k of the gs run whose whole cumulative wire budget is nearest the
-    peer's from below, within :data:`MATCH` of it (else the nearest: see :func:`matched`), the
-    peer's own budget MB, gs's final metric and budget MB there, the peer at gs's budget), means
-    over seeds. A gs run that spent more than the peer meets the peer's last evaluation, not the
-    peer at gs's bytes, so one within the band below is preferred."""
+def matched_gs(runs: dict, metric: str, key: str,
+               family: str = "gs") -> tuple[float, float, float, float, conv.AtBudget]:
+    """For peer ``key``: (the k of the gs run (of the variant ``family``) whose whole cumulative
+    wire budget is nearest the peer's from below, within :data:`MATCH` of it (else the nearest:
+    see :func:`matched`), the peer's own budget MB, gs's final metric and budget MB there, the
+    peer at gs's budget), means over seeds. A gs run that spent more than the peer meets the
+    peer's last evaluation, not the peer at gs's bytes, so one within the band below is preferred."""
     own = conv.gs_budget(runs[key], metric)[1]
-    budgets = {r: conv.gs_budget(runs[f"gs @ {r:g}"], metric)[1] for r in gs_ratios(runs)}
+    budgets = {r: conv.gs_budget(runs[f"{family} @ {r:g}"], metric)[1] for r in gs_ratios(runs, family)}
     below = [r for r, b in budgets.items() if (1 - MATCH) * own <= b <= own]
     ratio = max(below, key=budgets.get) if below else min(budgets, key=lambda r: abs(budgets[r] - own))
-    last, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    last, sent = conv.gs_budget(runs[f"{family} @ {ratio:g}"], metric)
     return ratio, own, last, sent, conv.at_budget(runs[key], metric, sent)
 
 
@@ -159,16 +165,19 @@ def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
     runs = load(docs, name)
     metric = metric_of(runs)
     lines = []
-    for key in (k for k in runs if k.startswith("powersgd")):
-        ratio, own, last, sent, got = matched_gs(runs, metric, key)
-        if got.status == "starts beyond" or not matched(own, sent):
-            lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no gs run within {MATCH:.0%} of its budget ({own:.3g} MB); "
-                         f"the nearest, gs at k = D/{round(1 / ratio)}, sent {sent:.3g} MB in all")
-            continue
-        lines.append(f"- {key.rsplit(' @ ', 1)[0]} (its whole budget {own:.3g} MB) against gs at "
-                     f"k = D/{round(1 / ratio)} ({sent:.3g} MB): {metric} {last:.4g} against {got.text()} "
-                     f"at gs's bytes, gs ÷ PowerSGD {last / got.value:.2f} "
-                     f"({'gs ahead' if (last < got.value) == (metric == 'perplexity') else 'gs behind'} on the means)")
+    for family in (f for f in GS_FAMILIES if gs_ratios(runs, f)):
+        for key in (k for k in runs if k.startswith("powersgd")):
+            ratio, own, last, sent, got = matched_gs(runs, metric, key, family)
+            if got.status == "starts beyond" or not matched(own, sent):
+                lines.append(f"- {key.rsplit(' @ ', 1)[0]}: no {family} run within {MATCH:.0%} of its budget "
+                             f"({own:.3g} MB); the nearest, {family} at k = D/{round(1 / ratio)}, sent {sent:.3g} MB "
+                             "in all")
+                continue
+            ahead = (last < got.value) == (metric == "perplexity")
+            lines.append(f"- {key.rsplit(' @ ', 1)[0]} (its whole budget {own:.3g} MB) against {family} at "
+                         f"k = D/{round(1 / ratio)} ({sent:.3g} MB): {metric} {last:.4g} against {got.text()} "
+                         f"at gs's bytes, gs ÷ PowerSGD {last / got.value:.2f} "
+                         f"({'gs ahead' if ahead else 'gs behind'} on the means)")
     return "\n".join(lines)
 
 
@@ -178,7 +187,9 @@ EQUAL_BYTES = {"cnn_sim16": "equal_bytes/convergence_cnn_sim16.json",
 """bench_convergence.py's equal-bytes study (``--out-dir docs/equal_bytes``): gs at several k."""
 for _name, _file in EQUAL_BYTES.items():
     block(f"equal_bytes.{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
-    block(f"equal_bytes.{_name}.at_budget")(lambda docs, f=_file: equal_bytes_table(docs, f, gs_ratios(load(docs, f))))
+    block(f"equal_bytes.{_name}.at_budget")(lambda docs, f=_file: equal_bytes_table(
+        docs, f, tuple(sorted({r for g in GS_FAMILIES for r in gs_ratios(load(docs, f), g)}, reverse=True)),
+        GS_FAMILIES))
     block(f"equal_bytes.{_name}.powersgd")(lambda docs, f=_file: powersgd_at_equal_bytes(docs, f))
 for _name, _file, _ranks in (("cnn_sim16", "convergence_cnn_sim16.json", 16),
                              ("lm_sim16", "convergence_lm_sim16.json", 16),
@@ -400,14 +411,17 @@ def gs_vs_best_figure(docs: Path, name: str) -> str:
 
 def sparse_vs_gtopk(docs: Path, name: str) -> str:
     """``sparse_vs_gtopk.WHAT.P`` from ``docs/recovery_sparse.jsonl`` (``compact_vs_gtopk.WHAT.P``:
-    from ``docs/recovery_wire.jsonl``, the compact defaults): the defaults' delivered mass over
+    from ``docs/recovery_wire.jsonl``, the compact defaults; ``compact8_vs_gtopk.WHAT.P``: there,
+    the defaults with ``wire="compact8"``): the defaults' delivered mass over
     gTop-k (global)'s (WHAT ``mass``), their wire bytes over its (``wire``), or the defaults' wire
     kB a step (``kb``)."""
     family, what, ranks = name.split(".")
-    data = "recovery_wire.jsonl" if family == "compact_vs_gtopk" else "recovery_sparse.jsonl"
+    data = "recovery_sparse.jsonl" if family == "sparse_vs_gtopk" else "recovery_wire.jsonl"
     records = [json.loads(line) for line in (docs / data).read_text().splitlines() if line.strip()]
     at = [r for r in records if r["P"] == int(ranks)]
-    gs = next(r for r in at if "rows" in r and r["exchange"] == "auto")
+    wire = "compact8" if family == "compact8_vs_gtopk" else None
+    gs = next(r for r in at if "rows" in r and r["exchange"] == "auto" and r.get("wire_format") in (
+        (wire,) if wire else (None, "fp32", "compact")))
     peer = next(r for r in at if r["method"] == "gTop-k (global)")
     if what == "kb":
         return f"{gs['wire'] / 1e3:.1f}"
@@ -459,7 +473,7 @@ def generator(name: str) -> Block | None:
         return lambda docs: seeds_ahead(docs, name)
     if family == "gs_vs_best" and name.count(".") == 1:
         return lambda docs: gs_vs_best_figure(docs, name)
-    if family in ("sparse_vs_gtopk", "compact_vs_gtopk") and name.count(".") == 2:
+    if family in ("sparse_vs_gtopk", "compact_vs_gtopk", "compact8_vs_gtopk") and name.count(".") == 2:
         return lambda docs: sparse_vs_gtopk(docs, name)
     if family == "sketch_vs_gtopk" and name.count(".") == 1:
         return lambda docs: sketch_vs_gtopk(docs, name)
@@ -479,7 +493,9 @@ def generator(name: str) -> Block | None:
         return lambda docs: throughput_ratio(docs, name)
     if family in ("tta_compact", "tta_compact_before") and name.count(".") == 1:
         return lambda docs: tta_compact_range(docs, name)
-    if family == "eb" and name.count(".") == 3:
+    if family == "over_plan" and name.count(".") >= 3:
+        return lambda docs: over_plan(docs, name)
+    if family in ("eb", "eb8") and name.count(".") == 3:
         return lambda docs: equal_bytes_figure(docs, name)
     if family == "rule" and name.count(".") in (2, 3):
         return lambda docs: rule_figure(docs, name)
@@ -488,15 +504,35 @@ def generator(name: str) -> Block | None:
     return None
 
 
+STUDY_MODELS = {"cnn_sim16": ("cnn", None), "lm_sim16": ("lm", 512), "cnn_sim64": ("cnn", None)}
+"""The model (``--model``, ``--hidden``) of each equal-bytes study."""
+
+
+def over_plan(docs: Path, name: str) -> str:
+    """``over_plan.STUDY.METHOD.K``: the equal-bytes study's METHOD (``gs`` or ``gs-compact8``) at
+    K, its measured wire bytes a step (mean over seeds) over what the plan expects for it
+    (``bench_convergence.gs_wire``: every message at its even share), as a percentage over."""
+    _, study, method, ratio = name.split(".", 3)
+    seeds = load(docs, EQUAL_BYTES[study])[f"{method.replace('-', ' ')} @ {ratio}"]
+    measured = sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds.values()) / len(seeds)
+    model, hidden = STUDY_MODELS[study]
+    shapes = conv.model_shapes(argparse.Namespace(model=model, hidden=hidden))
+    wire = method.split("-")[1] if "-" in method else "compact"
+    planned = conv.gs_wire(shapes, float(ratio), next(iter(seeds.values()))["ranks"], {"wire": wire})
+    return f"{100 * (measured / planned - 1):.1f} %"
+
+
 def equal_bytes_figure(docs: Path, name: str) -> str:
     """``eb.WHAT.STUDY.PEER`` from ``docs/equal_bytes/convergence_STUDY.json`` (PEER a PowerSGD
-    label with "-" for spaces): gs at the k whose whole budget is nearest PEER's, WHAT ``gs`` its
-    final metric, ``peer`` PEER's at gs's bytes (:func:`bench_convergence.at_budget`), ``ratio``
-    gs's over PEER's, ``k`` that k as D/n, ``kb`` gs's wire kB a step there."""
-    _, what, study, peer = name.split(".")
+    label with "-" for spaces; ``eb8.…``: gs with ``wire="compact8"``): gs at the k whose whole
+    budget is nearest PEER's (:func:`matched_gs`), WHAT ``gs`` its final metric, ``peer`` PEER's
+    at gs's bytes (:func:`bench_convergence.at_budget`), ``ratio`` gs's over PEER's, ``k`` that k
+    as D/n, ``kb`` gs's wire kB a step there."""
+    family, what, study, peer = name.split(".")
+    gs = {"eb": "gs", "eb8": "gs compact8"}[family]
     runs = load(docs, EQUAL_BYTES[study])
     metric = metric_of(runs)
-    ratio, own, last, sent, got = matched_gs(runs, metric, f"{peer.replace('-', ' ')} @ 1")
+    ratio, own, last, sent, got = matched_gs(runs, metric, f"{peer.replace('-', ' ')} @ 1", gs)
     if not matched(own, sent):
         return f"n/a (no gs run within {MATCH:.0%} of its {own:.3g} MB)"
     digits = 1 if metric == "perplexity" else 3
@@ -509,7 +545,7 @@ def equal_bytes_figure(docs: Path, name: str) -> str:
     if what == "k":
         return f"D/{round(1 / ratio)}"
     if what == "kb":
-        seeds = runs[f"gs @ {ratio:g}"]
+        seeds = runs[f"{gs} @ {ratio:g}"]
         return f"{sum(r['history'][-1]['wire_bytes_per_step'] for r in seeds.values()) / len(seeds) / 1e3:.1f}"
     raise KeyError(f"{name}: WHAT is gs, peer, ratio, k or kb")
 
@@ -660,22 +696,25 @@ for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.ful
     block(_name)(lambda docs, f=_file: __import__("bench_compute").table(load(docs, f)))
 
 
-@block("codec.table")
-def codec_table(docs: Path) -> str:
-    """``bench_compute.py --codec``'s rows (``docs/bench_codec.json``): the defaults' seconds in
-    the compact codec and in selection per step, the busiest rank, and their ratio."""
+def codec_table(docs: Path, name: str) -> str:
+    """``bench_compute.py --codec``'s rows (``docs/NAME``): the defaults' seconds in the compact
+    codec and in selection per step, the busiest rank, and their ratio."""
     lines = ["| P | k | exchange (`auto`) | codec ms/step | selection ms/step | codec ÷ selection |",
              "|---|---|---|---|---|---|"]
-    for r in load(docs, "bench_codec.json"):
+    for r in load(docs, name):
         lines.append(f"| {r['ranks']} | D/{round(1 / r['ratio'])} | {r['exchange']} | {1e3 * r['codec_s']:.2f} "
                      f"| {1e3 * r['selection_s']:.1f} | {r['codec_s'] / r['selection_s']:.3f} |")
     return "\n".join(lines)
 
 
-@block("codec.most")
-def codec_most(docs: Path) -> str:
-    """The largest codec ÷ selection ratio in ``docs/bench_codec.json``, as a percentage."""
-    return f"{100 * max(r['codec_s'] / r['selection_s'] for r in load(docs, 'bench_codec.json')):.1f} %"
+def codec_most(docs: Path, name: str) -> str:
+    """The largest codec ÷ selection ratio in ``docs/NAME``, as a percentage."""
+    return f"{100 * max(r['codec_s'] / r['selection_s'] for r in load(docs, name)):.1f} %"
+
+
+for _name, _file in {"codec": "bench_codec.json", "codec8": "bench_codec_compact8.json"}.items():
+    block(f"{_name}.table")(lambda docs, f=_file: codec_table(docs, f))
+    block(f"{_name}.most")(lambda docs, f=_file: codec_most(docs, f))
 
 
 @block("compute.compact.defaults_vs_topk")

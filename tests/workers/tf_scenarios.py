@@ -185,11 +185,12 @@ def main(out_dir: str) -> None:
             model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, scope=scope, **options)
             result[f"{name}_{scope}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
             result[f"{name}_{scope}_stats"] = vars(gs.stats)
-    # the compact wire in the graph (its codec through tf.numpy_function), both pair exchanges
+    # the compact wires in the graph (their codec through tf.numpy_function), both pair exchanges
     for name in ("sparse", "allgather"):
-        model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, exchange=name, wire="compact")
-        result[f"compact_{name}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
-        result[f"compact_{name}_stats"] = vars(gs.stats)
+        for wire in ("compact", "compact8"):
+            model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, exchange=name, wire=wire)
+            result[f"{wire}_{name}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
+            result[f"{wire}_{name}_stats"] = vars(gs.stats)
 
     # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
     result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)

@@ -2,7 +2,8 @@
 every rank adds them up in rank order (the union's partial sums, the same bits everywhere).
 Its own defaults are no exact round and the whole union applied: top-k allgather. Payload:
 L·k pairs per group, 8 bytes a pair (``wire="fp32"``, 16(P−1)·L·k bytes through a rank) or one
-compact message of them (``wire="compact"``: every rank's message has the same size)."""
+compact message of them (``wire="compact"`` or ``"compact8"``: every rank's message has the
+same size)."""
 
 from __future__ import annotations
 
@@ -31,21 +32,23 @@ class Allgather(Exchange):
 
     def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
         fed = sum(g.fed for g in plan.groups)
-        compact = message_bytes(fed, plan.total, low_bits(fed, plan.total))
-        return Payload(gather=compact if config.wire == "compact" else 8 * fed)
+        if config.wire == "fp32":
+            return Payload(gather=8 * fed)
+        return Payload(gather=message_bytes(fed, plan.total, low_bits(fed, plan.total), config.wire))
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the m·k of largest |partial sum| in the union of every rank's ``fed`` set
         (the whole union with ``apply="all"`` and no exact round); the estimate is the partial
         sum as ``allreduce`` reduces (mean or sum) of what the ranks sent; finite: every
         gathered value is."""
-        ops, P = engine.ops, engine.comm.size
+        ops, P, wire = engine.ops, engine.comm.size, engine.config.wire
         mine = ops.concat(fed)
         n = sum(g.fed for g in plan.groups)
-        if engine.config.wire == "compact":
-            own, low = ops.wire_rounded(ops.take(a, mine)), low_bits(n, plan.total)
-            message, _ = ops.pack_pairs(mine, own, ops.count(mine * 0, 1), plan.total, low)  # one message
-            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), P, plan.total, low)
+        if wire != "fp32":
+            own, low = ops.wire_rounded(ops.take(a, mine), wire), low_bits(n, plan.total)
+            message, _ = ops.pack_pairs(mine, own, ops.count(mine * 0, 1), plan.total, low, wire)  # one message
+            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), P, plan.total, low,
+                                            wire)
         else:
             own = None
             idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),

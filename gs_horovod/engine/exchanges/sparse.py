@@ -19,11 +19,13 @@ each, ⌊63/b⌋ to an int64 word: 2 × 512 bytes a group while a group's union 
 coordinates, 2 × 2 KiB at most), and this rank's share of the m·k selected pairs (planned: an
 even share). With ``wire="fp32"`` 8 bytes a pair, about 32(P−1)/P·L·k bytes through a rank
 plus the histograms' 4(P−1)/P · their bytes. With
-``wire="compact"`` each destination's pairs are one compact message
+``wire="compact"`` or ``"compact8"`` each destination's pairs are one compact message
 (:mod:`~gs_horovod.kernels.pair_format`, l from a destination's expected share), the owners
-select on their sums rounded as they will travel, and each owner keeps in its residual what
-rounding took from the sums it had applied: P·(s − s̃) (s − s̃ when the transport sums), so
-nothing is lost over steps.
+select on their sums rounded as they will travel (``"compact8"``: at the scale of the owner's
+largest sum), and each owner keeps in its residual what rounding took from the sums it had
+applied: P·(s − s̃) (s − s̃ when the transport sums), so nothing is lost over steps. E4M3's 3
+mantissa bits make ties at the threshold's prefix common, and each owner sends up to the
+missing count of them: the gathered bytes run a few percent over the plan's even share.
 """
 
 from __future__ import annotations
@@ -57,9 +59,9 @@ class Sparse(Exchange):
         select = 2 * 8 * -(-RADIX_BINS * len(plan.groups) // (63 // self.count_bits(plan)))
         if measured is not None:
             routed, gathered = measured
-        elif config.wire == "compact":
-            routed = P * message_bytes(math.ceil(fed / P), plan.total, self.routed_low(plan))
-            gathered = message_bytes(math.ceil(chosen / P), plan.total, self.gathered_low(plan))
+        elif config.wire != "fp32":
+            routed = P * message_bytes(math.ceil(fed / P), plan.total, self.routed_low(plan), config.wire)
+            gathered = message_bytes(math.ceil(chosen / P), plan.total, self.gathered_low(plan), config.wire)
         else:
             routed, gathered = 8 * fed, math.ceil(8 * chosen / P)
         return Payload(gather=gathered, alltoall=routed, select=select)
@@ -85,17 +87,18 @@ class Sparse(Exchange):
         they are; routed / gathered: the bytes of this rank's alltoall and allgather. Nothing
         here depends on which rank owns what: the sums are the allgather exchange's, bit for bit
         (with the compact wire: of the same rounded values)."""
-        ops, comm, compact = engine.ops, engine.comm, engine.config.wire == "compact"
+        ops, comm, wire = engine.ops, engine.comm, engine.config.wire
+        compact = wire != "fp32"
         mine = ops.concat(fed)
-        own = ops.wire_rounded(ops.take(a, mine)) if compact else ops.take(a, mine)
+        own = ops.wire_rounded(ops.take(a, mine), wire) if compact else ops.take(a, mine)  # one scale for all
         owner = ops.owner_of(mine, comm.size, engine.keys)
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
         if compact:
             low = self.routed_low(plan)
-            message, splits = ops.pack_pairs(routed, routed_vals, ops.count(owner, comm.size), plan.total, low)
+            message, splits = ops.pack_pairs(routed, routed_vals, ops.count(owner, comm.size), plan.total, low, wire)
             received, _ = comm.alltoall(message, splits, "gs_horovod.sparse")
-            idx, vals, counts = ops.unpack_pairs(received, comm.size, plan.total, low)
+            idx, vals, counts = ops.unpack_pairs(received, comm.size, plan.total, low, wire)
             routed_bytes = ops.size_of(message)
         else:
             received, got = comm.alltoall(ops.pairs(routed, routed_vals), ops.count(owner, comm.size) * 2,
@@ -103,7 +106,7 @@ class Sparse(Exchange):
             (idx, vals), counts = ops.unpairs(received), got // 2
             routed_bytes = 8 * ops.size_of(mine)
         union, exact_sums = union_sum(engine, idx, vals, counts)
-        sums = ops.wire_rounded(exact_sums) if compact else exact_sums  # select on what travels
+        sums = ops.wire_rounded(exact_sums, wire) if compact else exact_sums  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.candidates for g in plan.groups], np.int32), union)
         bins, bits = len(plan.groups) * RADIX_BINS, self.count_bits(plan)
@@ -125,9 +128,9 @@ class Sparse(Exchange):
         if compact:
             low = self.gathered_low(plan)
             one = ops.count(chosen * 0, 1)  # (1,): every chosen pair in one message
-            message, _ = ops.pack_pairs(chosen, chosen_sums, one, plan.total, low)
+            message, _ = ops.pack_pairs(chosen, chosen_sums, one, plan.total, low, wire)
             out_idx, out_vals, _ = ops.unpack_pairs(comm.allgather(message, "gs_horovod.sparse.selected"),
-                                                    comm.size, plan.total, low)
+                                                    comm.size, plan.total, low, wire)
             gathered_bytes = ops.size_of(message)
         else:
             out_idx, out_vals = ops.unpairs(ops.reshape(comm.allgather(ops.pairs(chosen, chosen_sums),
