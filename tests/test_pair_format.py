@@ -124,7 +124,7 @@ def test_e4m3_values_never_overflow_nan_inf_survive_and_the_error_is_bounded():
     assert np.array_equal(torch_pairs.rounded(torch.from_numpy(e4m3_cases()), "compact8").numpy(), got,
                           equal_nan=True)
     assert np.array_equal(numba_pairs.rounded(e4m3_cases(), "compact8"), got, equal_nan=True)
-    # a message of its own: its scale maps its largest into (224, 448], so 1.0 and 2^-20 survive
+    # a message of its own: its scale maps its largest into (224, 448], so 1.0 and 2^-10 survive
     assert pf.rounded(np.array([1.0, 2.0**-10], np.float32), "compact8").tolist() == [1.0, 2.0**-10]
     assert pf.rounded(np.array([1.0, 2.0**-18], np.float32), "compact8").tolist() == [1.0, 0.0]
     # relative error at most 2^-4 (3 mantissa bits, to nearest) within 2^-13 of the largest;
@@ -144,6 +144,22 @@ def test_e4m3_values_never_overflow_nan_inf_survive_and_the_error_is_bounded():
                        "compact8")
     back = torch_pairs.decode(torch.from_numpy(buf), 10, 1, "compact8")[1]
     assert back.isnan()[0] and back[1] == 1.0 and back[2] == float("inf") and back[3] == float("-inf")
+
+
+def test_e4m3_refuses_per_layer_scope_and_scales_no_encoder_writes():
+    # one scale for every layer: under scope="layer" a quiet layer's top k would all flush
+    with pytest.raises(ValueError, match="wire='compact8' scales each message.*scope='layer'"):
+        GsConfig(wire="compact8", scope="layer")
+    buf, _ = pf.encode(np.arange(3), np.array([1.0, 2.0, 3.0], np.float32), np.array([3]), 8, 1, "compact8")
+    at = pf.HEADER + 1 + 1  # the scale's two bytes: after the header, 3 low bits and the high bits
+    assert pf.decode(buf, 8, 1, "compact8")[1].tolist() == [1.0, 2.0, 3.0]
+    for e in (-118, 121, -32768):
+        bad = buf.copy()
+        bad[at:at + 2] = np.array([e], "<i2").view(np.uint8)
+        for decode in (lambda b: pf.decode(b, 8, 1, "compact8"), lambda b: numba_pairs.decode(b, 8, 1, "compact8"),
+                       lambda b: torch_pairs.decode(torch.from_numpy(b), 8, 1, "compact8")):
+            with pytest.raises(ValueError, match="scale exponent is outside"):
+                decode(bad)
 
 
 def test_e4m3_rounding_travels_unchanged_in_any_subset_of_the_rounded_set():

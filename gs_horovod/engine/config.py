@@ -75,7 +75,9 @@ class GsConfig:
         about 3.5 bytes a pair at k = D/1000, any vector length; what rounding takes from a
         rank's value stays in its residual, and an owner keeps what rounding its sum lost) or
         "compact8" (the same indices, values in 8-bit E4M3 with one power-of-two scale a
-        message: about 2.5 bytes a pair at k = D/1000, relative rounding error at most 2^-4).
+        message: about 2.5 bytes a pair at k = D/1000; relative rounding error at most 2^-4 for
+        values within 2^-13 of the message's largest, smaller ones flushed towards zero, the
+        rounding kept in the residuals; scope="global" only).
     seed: hash seed; must be equal on every rank.
     exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
         the exchange's own (True for the sketch, False for the allgather and the sparse exchange,
@@ -124,6 +126,11 @@ class GsConfig:
         check_number("prefilter", self.prefilter, int, 0, 1024)
         check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
         check_choice("wire", self.wire, WIRES)
+        if self.wire == "compact8" and self.scope == "layer":
+            raise ValueError("wire='compact8' scales each message by its largest value, one scale for every layer, "
+                             "so a layer about 2^18 quieter than the loudest would only ever send zeros under "
+                             "scope='layer'; use scope='global' (it selects by magnitude over all layers) or "
+                             "wire='compact'")
         check_number("seed", self.seed, int, 0, 2**64 - 1)
         if self.exact is not None and not isinstance(self.exact, bool):
             raise TypeError(f"exact must be a bool or None, got {type(self.exact).__name__}")

@@ -110,13 +110,15 @@ def _e4m3_values(vals: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
 
 
 @njit(cache=True)
-def _e4m3_read(data: np.ndarray, counts: np.ndarray, table: np.ndarray, out: np.ndarray) -> None:
-    """The values (n,) f32 of ``"compact8"`` values sections laid end to end in data."""
+def _e4m3_read(data: np.ndarray, counts: np.ndarray, table: np.ndarray, out: np.ndarray, scales: np.ndarray) -> None:
+    """The values (n,) f32 of ``"compact8"`` values sections laid end to end in data, and each
+    section's scale exponent (M,)."""
     first, at = 0, 0
     for m in range(counts.shape[0]):
         n = counts[m]
         e = np.int64(data[at]) | (np.int64(data[at + 1]) << 8)
         e = e - 65536 if e >= 32768 else e
+        scales[m] = e
         up = np.float32(2.0 ** e)
         for i in range(n):
             out[first + i] = table[data[at + SCALE_BYTES + i]] * up
@@ -145,7 +147,9 @@ def decode_values(data: np.ndarray, counts: np.ndarray, wire: str) -> np.ndarray
         _bf16_read(data, bits)
         return bits.view(np.float32)
     out = np.empty(int(counts.sum()), np.float32)
-    _e4m3_read(data, counts, E4M3, out)
+    scales = np.empty(counts.size, np.int64)
+    _e4m3_read(data, counts, E4M3, out, scales)
+    pair_format.check_scales(scales)
     return out
 
 

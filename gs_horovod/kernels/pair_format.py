@@ -22,13 +22,14 @@ little-endian within a byte (bit j of byte b is bit 8b + j of the section):
      OCP FP8 E4M3 (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; subnormals 2^−9·m),
      rounded to nearest even, except that 0x7F is +Inf, 0xFF −Inf and 0x80 (E4M3's −0) NaN.
      e is chosen from the message's largest finite |v| = f·2^E (f in [0.5, 1)) so that it maps
-     into (224, 448]: e = E − 9 if f ≤ 0.875 else E − 8, and e ≥ −117 (so every decoded value is
+     into (224, 448]: e = E − 9 if f ≤ 0.875 else E − 8, and −117 ≤ e (so every decoded value is
      a normal float32 or zero; finite |v| first clamped to 1.875·2^127, so that none rounds up
-     past float32's largest). Every finite value keeps 3 mantissa bits (relative error at most
-     2^−4) down to 2^−13 of the largest; below 2^−17.8 to 2^−18.8 of it (where the scale puts
-     the largest) it flushes to zero.
+     past float32's largest, which keeps e ≤ 120). While e > −117 (a largest above about
+     2^−109) every finite value keeps 3 mantissa bits (relative error at most 2^−4) down to
+     2^−13 of the largest, and from 2^−17.8 to 2^−18.8 of it down (where the scale puts the
+     largest) it flushes to zero; at e = −117 everything below 2^−127 flushes.
 
-With l = ⌊log2(U / n)⌋ about 2 + l bits an index: at n = U/1000, 28 bits a pair with bfloat16
+With l = ⌊log2(U / n)⌋ 2 to 3 + l bits an index: at n = U/1000, 28 bits a pair with bfloat16
 values and 20 with E4M3 ones, against 64 for an int32 index and a float32 value. What rounding
 takes from a rank's own value stays in that rank's residual (the engine subtracts what was
 sent, not what it had). Rounding is idempotent under a finer scale: values :func:`rounded`
@@ -50,6 +51,8 @@ SCALE_BYTES = 2
 """Bytes of a ``"compact8"`` message's scale exponent, int16 little-endian, before its values."""
 E4M3_MIN_SCALE = -117
 """The smallest scale exponent: E4M3's smallest subnormal 2^−9 times 2^e stays a normal float32."""
+E4M3_MAX_SCALE = 120
+"""The largest scale exponent (that of a message whose largest is the clamp, 1.875·2^127)."""
 E4M3_CLAMP = 1.875 * 2.0**127
 """The largest float32 with 4 significant bits, 3.19e38: finite |v| are clamped to it (so none
 rounds up past float32's largest and overflows)."""
@@ -67,6 +70,12 @@ def _e4m3_table() -> np.ndarray:
 
 E4M3 = _e4m3_table()
 """What each ``"compact8"`` value byte means at scale exponent 0 (0x80: NaN, 0x7F / 0xFF: ±Inf)."""
+
+
+def check_scales(e: np.ndarray) -> None:
+    """Raises ValueError for scale exponents no encoder writes (bytes that are not messages of this format)."""
+    if e.size and (e.min() < E4M3_MIN_SCALE or e.max() > E4M3_MAX_SCALE):
+        raise ValueError(f"compact8 pairs: a message's scale exponent is outside [{E4M3_MIN_SCALE}, {E4M3_MAX_SCALE}]")
 
 
 def check_wire(wire: str) -> None:
@@ -181,6 +190,7 @@ def decode_values(data: np.ndarray, counts: np.ndarray, wire: str) -> np.ndarray
     message = np.repeat(np.arange(counts.size), counts)
     first = np.cumsum(counts + SCALE_BYTES) - counts - SCALE_BYTES
     e = (data[first].astype(np.int64) | (data[first + 1].astype(np.int64) << 8)).astype(np.uint16).view(np.int16)
+    check_scales(e)
     codes = data[first[message] + SCALE_BYTES + np.arange(message.size) - (np.cumsum(counts) - counts)[message]]
     return (E4M3[codes] * pow2(e.astype(np.int64))[message]).astype(np.float32)
 

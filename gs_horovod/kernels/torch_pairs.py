@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .pair_format import BF16_MAX, E4M3, E4M3_CLAMP, E4M3_MIN_SCALE, HEADER, SCALE_BYTES, check_wire
+from .pair_format import BF16_MAX, E4M3, E4M3_CLAMP, E4M3_MIN_SCALE, HEADER, SCALE_BYTES, check_scales, check_wire
 
 
 def _bf16_bits(vals: torch.Tensor) -> torch.Tensor:
@@ -163,5 +163,6 @@ def decode(buf: torch.Tensor, universe: int, low: int,
         vals = ((buf[at].long() | (buf[at + 1].long() << 8)) << 16).to(torch.int32).view(torch.float32)
     else:
         e = (buf[val_at].long() | (buf[val_at + 1].long() << 8)).to(torch.int16).long()
+        check_scales(e.cpu().numpy())
         vals = _e4m3_values(buf[val_at[message] + SCALE_BYTES + place].long(), e[message])
     return (high << low) | low_part, vals, counts.int().cpu()

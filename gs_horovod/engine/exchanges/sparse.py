@@ -25,7 +25,8 @@ select on their sums rounded as they will travel (``"compact8"``: at the scale o
 largest sum), and each owner keeps in its residual what rounding took from the sums it had
 applied: P·(s − s̃) (s − s̃ when the transport sums), so nothing is lost over steps. E4M3's 3
 mantissa bits make ties at the threshold's prefix common, and each owner sends up to the
-missing count of them: the gathered bytes run a few percent over the plan's even share.
+missing count of them: the gathered bytes can run well over the plan's even share (measured
+in docs/design.md, "The wire format for pairs").
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ class Sparse(Exchange):
 
     def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
-        they are; routed / gathered: the bytes of this rank's alltoall and allgather. Nothing
-        here depends on which rank owns what: the sums are the allgather exchange's, bit for bit
-        (with the compact wire: of the same rounded values)."""
+        they are; routed / gathered: the bytes of this rank's alltoall and allgather. With
+        ``wire="fp32"`` or ``"compact"`` nothing here depends on which rank owns what: the sums
+        are the allgather exchange's, bit for bit (with the compact wire: of the same rounded
+        values); with ``"compact8"`` an owner's sums are rounded at the scale of its largest, so
+        their rounding depends on the owners' hash."""
         ops, comm, wire = engine.ops, engine.comm, engine.config.wire
         compact = wire != "fp32"
         mine = ops.concat(fed)
