@@ -143,6 +143,9 @@ class HorovodRanks:
         hvd.init()
         self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
 
+    def close(self) -> None:
+        """Nothing: Horovod shuts down at exit."""
+
     def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
                    optimizer_state: bool = True) -> tuple[Any, Any, Any]:
         """(the model to call, the optimizer to step, its Meter); rank 0's weights everywhere, and
@@ -174,6 +177,12 @@ class TorchRanks:
 
         dist.init_process_group("gloo")
         self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+
+    def close(self) -> None:
+        """Destroys the process group before the interpreter exits: left to exit with it, gloo's
+        threads may abort a rank after its work is done ("terminate called without an active
+        exception", SIGABRT, seen on a fresh clone's run of the torchrun demos)."""
+        self.dist.destroy_process_group()
 
     def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,
                    optimizer_state: bool = True) -> tuple[Any, Any, Any]:
@@ -248,7 +257,11 @@ def run_on_ranks(args: argparse.Namespace, train: Callable[[Any], dict]) -> dict
     (:func:`ranks_from_env`), or with ``--simulated-ranks P`` for each of P ranks simulated in
     this process (:class:`SimulatedTrainingRanks`); this process's (rank 0's) result."""
     if args.simulated_ranks is None:
-        return train(ranks_from_env())
+        ranks = ranks_from_env()
+        try:
+            return train(ranks)
+        finally:
+            ranks.close()
     if args.simulated_ranks < 1:
         raise SystemExit(f"--simulated-ranks must be >= 1, got {args.simulated_ranks}")
     from gs_horovod.transports.simulated import SimulatedRanks

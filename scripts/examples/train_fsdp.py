@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(ranks.summary(), flush=True)
         return result
     finally:
-        ranks.dist.destroy_process_group()
+        ranks.close()
 
 
 if __name__ == "__main__":
