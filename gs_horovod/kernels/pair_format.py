@@ -39,6 +39,8 @@ whole outgoing set once and encodes any of its subsets losslessly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 PAIR_WIRES = ("compact", "compact8")
@@ -93,14 +95,14 @@ def high_bits(n: int, universe: int, low: int) -> int:
     return int(n) + ((int(universe) - 1) >> low) + 1 if n else 0
 
 
-def value_bytes(n: int, wire: str) -> int:
-    """Bytes of the values section of a message of n pairs."""
-    return 2 * int(n) if wire == "compact" else SCALE_BYTES + int(n)
+def value_bytes(n: Any, wire: str) -> Any:
+    """Bytes of the values section of a message of n pairs (an int, or an array of counts)."""
+    return 2 * n if wire == "compact" else SCALE_BYTES + n
 
 
 def sections(n: int, universe: int, low: int, wire: str = "compact") -> tuple[int, int, int, int]:
     """Bytes of the (header, low bits, high bits, values) sections of a message of n pairs."""
-    return HEADER, -(-int(n) * low // 8), -(-high_bits(n, universe, low) // 8), value_bytes(n, wire)
+    return HEADER, -(-int(n) * low // 8), -(-high_bits(n, universe, low) // 8), value_bytes(int(n), wire)
 
 
 def message_bytes(n: int, universe: int, low: int, wire: str = "compact") -> int:

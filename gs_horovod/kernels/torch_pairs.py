@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from .pair_format import BF16_MAX, E4M3, E4M3_CLAMP, E4M3_MIN_SCALE, HEADER, SCALE_BYTES, check_scales, check_wire
+from .pair_format import (
+    BF16_MAX,
+    E4M3,
+    E4M3_CLAMP,
+    E4M3_MIN_SCALE,
+    HEADER,
+    SCALE_BYTES,
+    check_scales,
+    check_wire,
+    value_bytes,
+)
 
 
 def _bf16_bits(vals: torch.Tensor) -> torch.Tensor:
@@ -66,16 +76,12 @@ def rounded(vals: torch.Tensor, wire: str = "compact") -> torch.Tensor:
     return _e4m3_values(_e4m3_codes(vals, e), e)
 
 
-def _value_bytes(counts: torch.Tensor, wire: str) -> torch.Tensor:
-    return 2 * counts if wire == "compact" else SCALE_BYTES + counts
-
-
 def _layout(counts: torch.Tensor, universe: int, low: int, wire: str) -> tuple[torch.Tensor, ...]:
     """Per message (M,) int64: the byte where it starts, the bits where its low and high sections
     start, the byte where its values start, its high section's length in bits, and its bytes."""
     high_len = torch.where(counts > 0, counts + ((universe - 1) >> low) + 1, 0)
     low_b, high_b = (counts * low + 7) // 8, (high_len + 7) // 8
-    size = HEADER + low_b + high_b + _value_bytes(counts, wire)
+    size = HEADER + low_b + high_b + value_bytes(counts, wire)
     start = torch.cumsum(size, 0) - size
     low_at = 8 * (start + HEADER)
     high_at = low_at + 8 * low_b
@@ -91,7 +97,7 @@ def _message_of(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _value_places(counts: torch.Tensor, val_at: torch.Tensor, wire: str) -> torch.Tensor:
     """The byte of every values section's bytes, message after message."""
-    section, at_in = _message_of(_value_bytes(counts, wire))
+    section, at_in = _message_of(value_bytes(counts, wire))
     return val_at[section] + at_in
 
 
@@ -119,7 +125,7 @@ def encode(idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe
     else:
         e = _scale_exponents(_largest(vals, message, len(counts)))
         scale = e & 0xFFFF
-        values = torch.zeros(int(_value_bytes(counts, wire).sum()), dtype=torch.int64, device=device)
+        values = torch.zeros(int(value_bytes(counts, wire).sum()), dtype=torch.int64, device=device)
         first = torch.cumsum(counts + SCALE_BYTES, 0) - counts - SCALE_BYTES
         values[first], values[first + 1] = scale & 0xFF, scale >> 8
         values[first[message] + SCALE_BYTES + place] = _e4m3_codes(vals, e[message])
@@ -134,7 +140,7 @@ def _counts_of(buf: torch.Tensor, universe: int, low: int, wire: str) -> torch.T
         n = int(host[at:at + HEADER].copy().view("<u4")[0])
         counts.append(n)
         at += HEADER + (n * low + 7) // 8 + ((n + ((universe - 1) >> low) + 1 + 7) // 8 if n else 0) + \
-            (2 * n if wire == "compact" else SCALE_BYTES + n)
+            value_bytes(n, wire)
     return torch.tensor(counts, dtype=torch.int64, device=buf.device)
 
 

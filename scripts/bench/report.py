@@ -517,8 +517,8 @@ def over_plan(docs: Path, name: str) -> str:
     measured = sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds.values()) / len(seeds)
     model, hidden = STUDY_MODELS[study]
     shapes = conv.model_shapes(argparse.Namespace(model=model, hidden=hidden))
-    wire = method.split("-")[1] if "-" in method else "compact"
-    planned = conv.gs_wire(shapes, float(ratio), next(iter(seeds.values()))["ranks"], {"wire": wire})
+    options = {"wire": method.split("-", 1)[1]} if "-" in method else {}  # "gs": the defaults
+    planned = conv.gs_wire(shapes, float(ratio), next(iter(seeds.values()))["ranks"], options)
     return f"{100 * (measured / planned - 1):.1f} %"
 
 
