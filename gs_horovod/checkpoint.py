@@ -3,16 +3,16 @@ rank's state (``local_state_dict``), and the state of all ranks gathered on rank
 (``state_dict``, a collective that raises rather than hangs when called on some ranks only)
 and handed back from it (``load_state_dict``, called on rank 0 alone or on every rank: rank 0
 keeps the state, and the next step's flags start a scatter every rank joins). Its transport
-is written once here over the adapter's :class:`~gs_horovod.transports.protocol.Collectives`."""
+is written once here over the adapter's :class:`CheckpointCollectives`."""
 
 from __future__ import annotations
 
 import pickle
-import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
+from .array_ops import Array
 from .transports.protocol import Collectives
 
 GATHERED = "gs_horovod.GsSketch.gathered.v1"
@@ -29,27 +29,6 @@ def check_timeout(timeout: Any) -> float:
     return float(timeout)
 
 
-def arrive_on_thread(collective: Callable[[], float], timeout: float) -> Optional[float]:
-    """Runs ``collective`` (a blocking sum over ranks) on a daemon thread and waits ``timeout``
-    seconds: its result, or None if it had not finished (it stays pending). Its error re-raises."""
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            outcome.append(collective())
-        except Exception as error:  # handed to the caller's thread
-            outcome.append(error)
-
-    thread = threading.Thread(target=run, name="gs_horovod.arrive", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not outcome:
-        return None
-    if isinstance(outcome[0], Exception):
-        raise outcome[0]
-    return outcome[0]
-
-
 def exchange_bytes(comm: Collectives, out: list[bytes]) -> list[bytes]:
     """:data:`BytesAlltoall` over ``comm``: one uint8 alltoall with splits (eagerly)."""
     data = comm.from_host(np.frombuffer(b"".join(out), dtype=np.uint8).copy())
@@ -59,11 +38,21 @@ def exchange_bytes(comm: Collectives, out: list[bytes]) -> list[bytes]:
     return [buf[end - n:end] for n, end in zip(counts, np.cumsum(counts).tolist())]
 
 
-def arrive(comm: Collectives, value: float, name: str, timeout: float) -> Optional[float]:
+class CheckpointCollectives(Collectives, Protocol):
+    """The collectives a checkpoint runs on (Horovod's, torch.distributed's): :class:`Collectives`
+    and a sum with a deadline."""
+
+    def allreduce_sum_within(self, x: Array, name: str, timeout: float) -> Optional[Array]:
+        """``allreduce_sum(x, name)``, or None when not every rank joined within ``timeout``
+        seconds; it then stays pending, and nothing of this rank waits on it at exit
+        (:mod:`gs_horovod.transports.deadline`)."""
+
+
+def arrive(comm: CheckpointCollectives, value: float, name: str, timeout: float) -> Optional[float]:
     """The sum over ``comm``'s ranks of ``value``, or None when not every rank joined within
-    ``timeout`` seconds (:func:`arrive_on_thread`)."""
-    x = comm.from_host(np.array([value], np.float32))
-    return arrive_on_thread(lambda: float(comm.to_host(comm.allreduce_sum(x, name))[0]), timeout)
+    ``timeout`` seconds."""
+    total = comm.allreduce_sum_within(comm.from_host(np.array([value], np.float32)), name, timeout)
+    return None if total is None else float(comm.to_host(total)[0])
 
 
 def options_difference(saved: dict[str, Any], current: dict[str, Any]) -> str:
@@ -161,7 +150,7 @@ class CheckpointApi:
     """``state_dict`` / ``load_state_dict`` / ``load_local_state_dict``, written once for every
     adapter. A subclass provides ``local_state_dict()``, ``_load(state)`` (takes one rank's
     state), ``_options()`` (what must match on load) and ``_checkpoint_comm()`` (the
-    :class:`~gs_horovod.transports.protocol.Collectives` over every rank of the job, which
+    :class:`CheckpointCollectives` over every rank of the job, which
     carries the state, ``_exchange``, and the arrival checks, ``_arrive``); each of its steps
     sums :meth:`step_flag` over ranks before it computes and calls :meth:`agree` (a restore
     rides on that), and ``_flag_changed()`` tells it when the flag did.
@@ -185,7 +174,7 @@ class CheckpointApi:
     def _options(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _checkpoint_comm(self) -> Collectives:
+    def _checkpoint_comm(self) -> CheckpointCollectives:
         raise NotImplementedError
 
     def _rank(self) -> int:

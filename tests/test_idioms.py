@@ -68,6 +68,8 @@ def test_rank0_alone_saving_raises_within_the_timeout_then_every_rank_raises(job
     assert ranks[0]["alone_save_seconds"] < TIMEOUT + 30  # bounded: the timeout, or at once when a step met it
     # TensorFlow reports an error raised inside the traced step as an UnknownError quoting it
     assert f"{owner}.state_dict() is a collective: every rank calls it" in ranks[0]["next_step_error"]
+    if launcher != "tf":  # polled, not waited on: nothing is left waiting that could abort the rank at exit
+        assert ranks[0]["waiting_threads"] == []
     for r in ranks[1:]:
         assert "alone_save_error" not in r
         assert (f"{owner}: another rank called state_dict() alone and is out of step with this one "

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.torch_ops import TorchOps
+from .deadline import poll_until
 from .protocol import count, half_prescaled
 from .wire import Traffic
 
@@ -52,6 +53,19 @@ class DistCollectives:
         out = x.clone()
         dist.all_reduce(out, group=self.group)
         return out
+
+    def allreduce_sum_within(self, x: torch.Tensor, name: str, timeout: float) -> Optional[torch.Tensor]:
+        """:meth:`allreduce_sum`, or None when not every rank joined within ``timeout`` seconds
+        (its work stays pending; polled on this thread, :mod:`~gs_horovod.transports.deadline`)."""
+        count(self.traffic, "allreduce", x)
+        out = x.clone()
+        work = dist.all_reduce(out, group=self.group, async_op=True)
+
+        def result() -> torch.Tensor:
+            work.wait()
+            return out
+
+        return poll_until(work.is_completed, result, timeout)
 
     def allgather(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Every rank's x (n_r,) concatenated in rank order: the lengths by one ``all_gather``,

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
+from .deadline import poll_until, wait_on_thread
 from .protocol import count, half_prescaled
 from .wire import Traffic
 
@@ -48,6 +49,18 @@ class HorovodCollectives:
     def allreduce_sum(self, x: Array, name: str) -> Array:
         count(self.traffic, "allreduce", x)
         return self.hvd.allreduce(x, op=self.hvd.Sum, name=op_name(name), process_set=self.process_set)
+
+    def allreduce_sum_within(self, x: Array, name: str, timeout: float) -> Optional[Array]:
+        """:meth:`allreduce_sum`, or None when not every rank joined within ``timeout`` seconds
+        (it stays pending): horovod.torch's handle is polled on this thread; horovod.tensorflow
+        has no handles, so a thread waits, ended by Horovod's shutdown at exit
+        (:mod:`~gs_horovod.transports.deadline`)."""
+        hvd = self.hvd
+        if not hasattr(hvd, "poll"):  # horovod.tensorflow
+            return wait_on_thread(lambda: self.allreduce_sum(x, name), timeout, end=hvd.shutdown)
+        count(self.traffic, "allreduce", x)
+        handle = hvd.allreduce_async(x, op=hvd.Sum, name=op_name(name), process_set=self.process_set)
+        return poll_until(lambda: hvd.poll(handle), lambda: hvd.synchronize(handle), timeout)
 
     def allgather(self, x: Array, name: str) -> Array:
         count(self.traffic, "allgather", x)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -37,6 +38,12 @@ def caught(fn: Any) -> tuple[Any, str | None, float]:
         return fn(), None, time.monotonic() - start
     except Exception as error:  # the message is the result
         return None, f"{type(error).__name__}: {error}", time.monotonic() - start
+
+
+def waiting_threads() -> list[str]:
+    """The threads of gs_horovod alive now (a checkpoint arrival that timed out must leave none
+    waiting where the framework can poll: such a waiter can abort the rank at exit)."""
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("gs_horovod"))
 
 
 def horovod(out_dir: str, exchange: str) -> None:
@@ -90,6 +97,7 @@ def horovod(out_dir: str, exchange: str) -> None:
     if rank == 0:
         _, result["alone_save_error"], result["alone_save_seconds"] = caught(gs.state_dict)
     _, result["next_step_error"], _ = caught(lambda: train(model, opt, x, y, steps=1))
+    result["waiting_threads"] = waiting_threads()
     write_result(out_dir, rank, result)
 
 
@@ -175,6 +183,7 @@ def ddp(out_dir: str, exchange: str) -> None:
     if rank == 0:
         _, result["alone_save_error"], result["alone_save_seconds"] = caught(state.state_dict)
     _, result["next_step_error"], _ = caught(lambda: run(module, model, range(2, 3), rank))
+    result["waiting_threads"] = waiting_threads()
     write_result(out_dir, rank, result)
 
 
