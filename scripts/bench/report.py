@@ -181,7 +181,9 @@ def powersgd_at_equal_bytes(docs: Path, name: str) -> str:
     return "\n".join(lines)
 
 
-EQUAL_BYTES = {"cnn_sim16": "equal_bytes/convergence_cnn_sim16.json",
+EQUAL_BYTES = {"cnn_sim4": "equal_bytes/convergence_cnn_sim4.json",
+               "lm_sim4": "equal_bytes/convergence_lm_sim4.json",
+               "cnn_sim16": "equal_bytes/convergence_cnn_sim16.json",
                "lm_sim16": "equal_bytes/convergence_lm_sim16.json",
                "cnn_sim64": "equal_bytes/convergence_cnn_sim64.json"}
 """bench_convergence.py's equal-bytes study (``--out-dir docs/equal_bytes``): gs at several k."""
@@ -504,7 +506,7 @@ def generator(name: str) -> Block | None:
     return None
 
 
-STUDY_MODELS = {"cnn_sim16": ("cnn", None), "lm_sim16": ("lm", 512), "cnn_sim64": ("cnn", None)}
+STUDY_MODELS = {study: ("lm", 512) if study.startswith("lm") else ("cnn", None) for study in EQUAL_BYTES}
 """The model (``--model``, ``--hidden``) of each equal-bytes study."""
 
 
@@ -946,10 +948,27 @@ def recovery_wire(docs: Path) -> str:
     return "\n".join(bench_recovery.exchange_markdown(records).splitlines()[2:])
 
 
-for _name, _file in {"wire_cnn_sim4": "wire/convergence_cnn_sim4.json",
-                     "wire_cnn_sim16": "wire/convergence_cnn_sim16.json",
-                     "wire_lm_sim16": "wire/convergence_lm_sim16.json"}.items():
-    block(f"{_name}.table")(lambda docs, f=_file: convergence_table(docs, f))
+WIRE_STUDIES = ("cnn_sim4", "cnn_sim16", "cnn_sim64", "lm_sim4", "lm_sim16")
+"""bench_convergence.py's equal-k wire study (``--out-dir docs/wire``): gs with each wire at k = D/1000."""
+for _study in WIRE_STUDIES:
+    block(f"wire_{_study}.table")(lambda docs, f=f"wire/convergence_{_study}.json": convergence_table(docs, f))
+
+
+def wire_bytes_range(docs: Path, wire: str) -> str:
+    """``wire.range.WIRE``: the least and most, over the equal-k wire studies, of gs's wire bytes a
+    step with WIRE over its bytes with 8-byte pairs (means over the seeds)."""
+    def mean_bytes(runs: dict, label: str) -> float:
+        seeds = runs[f"{label} @ 0.001"].values()
+        return sum(r["history"][-1]["wire_bytes_per_step"] for r in seeds) / len(seeds)
+
+    ratios = [mean_bytes(runs, f"gs {wire}") / mean_bytes(runs, "gs fp32")
+              for runs in (load(docs, f"wire/convergence_{study}.json") for study in WIRE_STUDIES)
+              if f"gs {wire} @ 0.001" in runs]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+
+
+for _wire in ("compact", "compact8"):
+    block(f"wire.range.{_wire}")(lambda docs, w=_wire: wire_bytes_range(docs, w))
 
 
 def is_default_sketch(r: dict) -> bool:
