@@ -493,8 +493,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: compute_vs_topk(docs, name)
     if family == "tput" and name.count(".") == 3:
         return lambda docs: throughput_ratio(docs, name)
-    if family in ("tta_compact", "tta_compact_before") and name.count(".") == 1:
-        return lambda docs: tta_compact_range(docs, name)
+    if family in TTA_RANGES and name.count(".") == 1:
+        return lambda docs: tta_range(docs, name)
     if family == "over_plan" and name.count(".") >= 3:
         return lambda docs: over_plan(docs, name)
     if family in ("eb", "eb8") and name.count(".") == 3:
@@ -1130,61 +1130,60 @@ def tta_repeats(docs: Path, name: str) -> dict[tuple, list[float | None]]:
     return out
 
 
+def tta_ratio(repeats: dict[tuple, list[float | None]], key: tuple, average: Callable[[list[float]], float]
+              ) -> float | None:
+    """The defaults' ``average`` seconds to the target over top-k allgather's at ``key``
+    (workload, ranks, rate) of :func:`tta_repeats`; None unless every repeat of both reached it."""
+    ours, theirs = repeats.get((*key, "gs")), repeats.get((*key, "topk"))
+    if not ours or not theirs or None in ours or None in theirs:
+        return None
+    return average(ours) / average(theirs)
+
+
 @block("time_to_accuracy.compact")
 def time_to_accuracy_compact(docs: Path) -> str:
     """``docs/time_to_accuracy_compact.jsonl`` (the defaults with the compact wire and top-k
     allgather, side by side in one study): per (workload, P, link) both methods' seconds to the
-    target and the defaults' over top-k allgather's."""
+    target (mean ± std), the defaults' over top-k allgather's by the means, every repeat's
+    seconds, and the ratio by the medians."""
     import statistics
 
     summary = tta_summary(docs, "time_to_accuracy_compact.jsonl")
-    per_repeat = tta_repeats(docs, "time_to_accuracy_compact.jsonl")
+    repeats = tta_repeats(docs, "time_to_accuracy_compact.jsonl")
     lines = ["| workload | P | link | the defaults (gs) | top-k allgather | gs ÷ top-k allgather (means) "
              "| each repeat, gs / top-k allgather (s) | gs ÷ top-k allgather (medians) |",
              "|---|---|---|---|---|---|---|---|"]
     for key in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
         mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
         gs, topk = mine.get("gs"), mine.get("topk")
-        both = gs and topk and gs["reached"] == gs["repeats"] and topk["reached"] == topk["repeats"]
-        ratio = f"{gs['mean_seconds'] / topk['mean_seconds']:.2f}" if both else "—"
-        ours, theirs = per_repeat[(*key, "gs")], per_repeat[(*key, "topk")]
-        each = " / ".join(", ".join("—" if t is None else f"{t:.1f}" for t in ts) for ts in (ours, theirs))
-        medians = (f"{statistics.median(ours) / statistics.median(theirs):.2f}" if both else "—")
+        by_mean, by_median = ("—" if r is None else f"{r:.2f}"
+                              for r in (tta_ratio(repeats, key, avg) for avg in (statistics.mean, statistics.median)))
+        each = " / ".join(", ".join("—" if t is None else f"{t:.1f}" for t in repeats.get((*key, m), []))
+                          for m in ("gs", "topk"))
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {seconds_to_target(gs) if gs else '—'} "
-                     f"| {seconds_to_target(topk) if topk else '—'} | {ratio} | {each} | {medians} |")
+                     f"| {seconds_to_target(topk) if topk else '—'} | {by_mean} | {each} | {by_median} |")
     return "\n".join(lines)
 
 
-def tta_compact_range(docs: Path, name: str) -> str:
-    """``tta_compact.P``: the range over the (workload, link) settings at P ranks of the defaults'
-    mean seconds to the target over top-k allgather's, from ``docs/time_to_accuracy_compact.jsonl``
-    (``tta_compact_before.P``: from ``docs/time_to_accuracy_compact_before.jsonl``, the same study
-    before the union's sums were sped up, on a less loaded machine)."""
-    family, ranks = name.split(".")
-    summary = [s for s in tta_summary(docs, f"time_to_accuracy_{family[4:]}.jsonl") if s["ranks"] == int(ranks)]
-    ratios = []
-    for key in dict.fromkeys((s["workload"], s["rate"]) for s in summary):
-        mine = {s["method"]: s for s in summary if (s["workload"], s["rate"]) == key}
-        if all(mine[m]["reached"] == mine[m]["repeats"] for m in ("gs", "topk")):
-            ratios.append(mine["gs"]["mean_seconds"] / mine["topk"]["mean_seconds"])
-    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+TTA_RANGES = {"tta_compact": ("time_to_accuracy_compact.jsonl", "mean"),
+              "tta_compact_before": ("time_to_accuracy_compact_before.jsonl", "mean"),
+              "tta_median": ("time_to_accuracy_compact.jsonl", "median")}
+"""The ``FAMILY.P`` figures of :func:`tta_range`: the study's file and the average compared."""
 
 
-def tta_median_range(docs: Path, name: str) -> str:
-    """``tta_median.P``: the range over the (workload, link) settings at P ranks of the defaults'
-    median seconds to the target over top-k allgather's (``docs/time_to_accuracy_compact.jsonl``)."""
+def tta_range(docs: Path, name: str) -> str:
+    """``FAMILY.P`` (:data:`TTA_RANGES`): the range over the (workload, link) settings at P ranks
+    of :func:`tta_ratio` in that study (``tta_compact_before``: the same study before the union's
+    sums were sped up, on a less loaded machine; ``tta_median``: by the medians, not the means)."""
     import statistics
 
-    ranks = int(name.split(".")[1])
-    repeats = tta_repeats(docs, "time_to_accuracy_compact.jsonl")
-    ratios = [statistics.median(ts) / statistics.median(repeats[(w, P, rate, "topk")])
-              for (w, P, rate, method), ts in repeats.items()
-              if P == ranks and method == "gs" and None not in ts and None not in repeats[(w, P, rate, "topk")]]
+    family, ranks = name.split(".")
+    file, average = TTA_RANGES[family]
+    repeats = tta_repeats(docs, file)
+    ratios = [r for r in (tta_ratio(repeats, (w, P, rate), getattr(statistics, average))
+                          for w, P, rate in dict.fromkeys(k[:3] for k in repeats) if P == int(ranks))
+              if r is not None]
     return f"{min(ratios):.2f}–{max(ratios):.2f}×"
-
-
-for _ranks in (2, 4):
-    block(f"tta_median.{_ranks}")(lambda docs, n=f"tta_median.{_ranks}": tta_median_range(docs, n))
 
 
 def method_slug(method: str) -> str:
