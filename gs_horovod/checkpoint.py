@@ -189,29 +189,38 @@ class CheckpointApi:
     def _arrive(self, value: float, name: str, timeout: float) -> Optional[float]:
         return arrive(self._checkpoint_comm(), value, name, timeout)
 
-    def _all_arrive(self) -> None:
-        """Raises RuntimeError on this rank unless every rank called ``state_dict()`` at the same
-        point within ``checkpoint_timeout``; after that this rank is out of step, and its next
-        gs-SGD step raises on every rank (:meth:`agree`)."""
+    def _all_arrive(self, call: Optional[str] = None, advice: Optional[str] = None) -> None:
+        """Raises RuntimeError on this rank unless every rank made ``call`` (default: this
+        adapter's ``state_dict()``) at the same point within ``checkpoint_timeout``; after that
+        this rank is out of step with the others, and its next gs-SGD step raises on every rank
+        (:meth:`agree`). ``advice``: what the error tells the user to write instead."""
         if self._out_of_step:
             raise RuntimeError(self._out_of_step)
+        owner = type(self).__name__
+        call = call or f"{owner}.state_dict()"
         self._arrivals += 1
         size, timeout = self._size(), self.checkpoint_timeout
-        total = self._arrive(ABORT, f"gs_horovod.state_dict.{self._arrivals}", timeout)
+        total = self._arrive(ABORT, f"gs_horovod.arrival.{self._arrivals}", timeout)
         if total is not None and total == size * ABORT:
             return
-        owner = type(self).__name__
         seen = (f"not every rank called it within checkpoint_timeout={timeout:g} s" if total is None
                 else "the other ranks were in a gs-SGD step")
-        self._out_of_step = (
-            f"{owner}.state_dict() is a collective: every rank calls it at the same point, but {seen}. Save as\n"
-            f"    {self.save_idiom}   # on every rank; rank 0 gets every rank's state, the others None\n"
+        advice = advice or (
+            f"Save as\n    {self.save_idiom}   # on every rank; rank 0 gets every rank's state, the others None\n"
             "    if rank == 0:\n        save it with the model\n"
-            "and load with load_state_dict() on rank 0 alone (or on every rank, the others passing None). "
+            "and load with load_state_dict() on rank 0 alone (or on every rank, the others passing None).")
+        self._out_of_step = (
+            f"{call} is a collective: every rank calls it at the same point, but {seen}. {advice} "
             "If every rank calls it and one was only late, raise checkpoint_timeout. This rank is now out of "
             "step with the others: the next gs-SGD step raises on every rank.")
         self._flag_changed()
         raise RuntimeError(self._out_of_step)
+
+    def _commit_arrival(self) -> None:
+        """:meth:`_all_arrive` for Horovod elastic's ``state.commit()`` (:mod:`gs_horovod.elastic`)."""
+        self._all_arrive(f"state.commit() of an elastic state holding {type(self).__name__}",
+                         "Commit on every rank, as hvd.elastic.run's examples do (state.commit() in the "
+                         "training loop of every rank).")
 
     def state_dict(self) -> Optional[dict[str, Any]]:
         """Collective (call it on every rank, at the same point; eagerly under TF): the state of

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import sys
 import zlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import horovod.tensorflow as hvd
@@ -76,8 +76,8 @@ class _Counters:
 
     def __init__(self) -> None:
         with tf.init_scope():
-            self.values = {f.name: tf.Variable(0, dtype=tf.int64, trainable=False, name=f.name)
-                           for f in fields(CommStats)}
+            self.values = {name: tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
+                           for name in CommStats.counted()}
 
     def add(self, amounts: dict[str, Any]) -> None:
         for name, amount in amounts.items():

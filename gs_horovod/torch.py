@@ -31,8 +31,10 @@ from typing import Any, Optional
 import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
+from horovod.torch.elastic.state import StateHandler, get_handler_registry
 
 from .compressor import DefaultInstanceAttribute, DefaultInstanceMethod, GsSketchBase
+from .elastic import ElasticGsState, Layout
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
@@ -146,9 +148,10 @@ class GsSketch(GsSketchBase, Compressor):
 
     @DefaultInstanceMethod
     def reset(self) -> None:
-        """Forgets all per-parameter state (residuals, momentum, steps) and communicators.
-        Call it from a Horovod elastic reset callback: residuals built for the old set of
-        ranks do not belong to the new one. A state loaded but not yet restored is dropped."""
+        """Forgets all per-parameter state (residuals, momentum, steps) and communicators. A
+        state loaded but not yet restored is dropped. Under Horovod elastic, pass the compressor
+        to ``hvd.elastic.TorchState(..., gs=compression)`` instead (:class:`GsSketchHandler`):
+        it keeps what was committed."""
         self._states.clear()
         self._restored.clear()
         self._comms = None
@@ -158,6 +161,34 @@ class GsSketch(GsSketchBase, Compressor):
         self._restored = dict(state["tensors"])
         for gs_state, params in self._states.values():
             self._restore(gs_state, params)
+
+    def _roll_back(self, state: dict[str, Any]) -> None:
+        tensors = dict(state["tensors"])
+        for gs_state, params in self._states.values():
+            gs_state.roll_back({name: tensors.pop(name) for name, _ in params.items if name in tensors})
+        self._restored = tensors
+
+    def _layout(self, state: dict[str, Any]) -> Layout:
+        return {name: (t["residual"].numel(), t["momentum"] is not None, int(t["steps"]))
+                for name, t in state["tensors"].items()}
+
+    def _residual_mass(self, state: dict[str, Any]) -> float:
+        return ElasticGsState.mass([t["residual"].cpu().numpy() for t in state["tensors"].values()])
+
+    def _rejoin(self, layout: Layout, lost_mass: float) -> None:
+        held = set(self._restored)
+        for gs_state, _ in self._states.values():
+            comm = gs_state.engine.comm
+            gs_state.engine = GsSgd(self.config, self.ops, self._collectives(comm.op, comm.process_set))
+            gs_state.checked = False
+            held |= set(gs_state.tensors())
+        for name, (d, momentum, steps) in layout.items():
+            if name not in held:
+                self._restored[name] = {"residual": torch.zeros(d), "momentum": torch.zeros(d) if momentum else None,
+                                        "steps": steps}
+        for gs_state, params in self._states.values():
+            self._restore(gs_state, params)
+        self.stats.lost_residual += lost_mass
 
     def _restore(self, state: EngineState, params: _Params) -> None:
         """Hands ``state`` the restored tensors of its parameters."""
@@ -204,3 +235,45 @@ def _calling_optimizer(compressor: GsSketch) -> Any:
         "it was called from elsewhere (e.g. hvd.allreduce), where it cannot tell which "
         "parameter a tensor belongs to and so cannot keep its error-feedback residual"
     )
+
+
+class _IsGsSketch(type):
+    def __instancecheck__(cls, value: Any) -> bool:
+        return isinstance(value, GsSketch) or (isinstance(value, type) and issubclass(value, GsSketch))
+
+
+class GsSketchValue(metaclass=_IsGsSketch):
+    """What Horovod's handler registry matches for :class:`GsSketchHandler`: a GsSketch instance
+    or the class itself (``compression=GsSketch`` stands for its default instance)."""
+
+
+class GsSketchHandler(StateHandler):
+    """Horovod elastic state handler of a GsSketch: ``hvd.elastic.TorchState(model, optimizer,
+    gs=compression)`` commits, rolls back and syncs each rank's residuals and momentum with the
+    model (:class:`~gs_horovod.elastic.ElasticGsState`); registered in Horovod's torch handler
+    registry when this module is imported."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self.elastic = _elastic_state(value)
+
+    def save(self) -> None:
+        self.elastic.save()
+
+    def restore(self) -> None:
+        self.elastic.restore()
+
+    def sync(self) -> None:
+        self.elastic.sync()
+
+    def set_value(self, value: Any) -> None:
+        """``state.gs = other``: the handler follows the new compressor (not collective)."""
+        self.value, self.elastic = value, _elastic_state(value)
+
+
+def _elastic_state(value: Any) -> ElasticGsState:
+    return ElasticGsState(value.default() if isinstance(value, type) else value)
+
+
+if not any(handler is GsSketchHandler for _, handler in get_handler_registry()):
+    get_handler_registry().append((GsSketchValue, GsSketchHandler))

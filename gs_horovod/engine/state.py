@@ -12,7 +12,7 @@ captured, not swapped for a new buffer as here. It shares the plan rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from ..array_ops import Array, ArrayOps
@@ -27,7 +27,9 @@ class CommStats:
     """Payload bytes this rank handed to collectives, by collective (the fields of
     :class:`~gs_horovod.engine.payload.Payload`: the sketch merge, the allgather, the sparse
     exchange's alltoall and threshold rounds, the exact round, dense steps and tensors), and
-    steps (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip"."""
+    steps (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip";
+    ``lost_residual``: Σ e² of the residuals that ranks removed by Horovod elastic resets held
+    at their last commit (:mod:`gs_horovod.elastic`), gradient mass never applied."""
 
     sketch_bytes: int = 0
     gather_bytes: int = 0
@@ -37,6 +39,12 @@ class CommStats:
     dense_bytes: int = 0
     steps: int = 0
     skipped: int = 0
+    lost_residual: float = 0.0
+
+    @classmethod
+    def counted(cls) -> list[str]:
+        """The fields a step adds to (:meth:`amounts`), all but ``lost_residual``."""
+        return [f.name for f in fields(cls) if f.name != "lost_residual"]
 
     @property
     def total_bytes(self) -> int:
@@ -167,9 +175,18 @@ class EngineState:
                 check_restored(name, int(residual.shape[0]), self.sizes[name])
             momentum = None if saved["momentum"] is None else saved["momentum"].reshape(-1)
             self.pending[name] = {"residual": residual, "momentum": momentum, "steps": int(saved["steps"])}
-        if self.plan is not None:
-            plan, self.plan = self.plan, None
+        if self.plan is not None:  # laid out again: the restored tensors over the current ones
+            plan, self.pending = self.plan, {**self._current(), **self.pending}
+            self.plan = None
             self._lay_out(plan, self.residual)
+
+    def roll_back(self, tensors: dict[str, dict[str, Any]]) -> None:
+        """Replaces every residual, momentum and the step count with ``tensors`` (as
+        :meth:`tensors` gave them): tensors absent from it start from zero, and with none the
+        steps are 0. Not collective."""
+        self.plan, self.residual, self.momentum, self.steps, self.pending = None, None, None, 0, {}
+        self.grads, self.updates = {}, None
+        self.restore(tensors)
 
     def _lay_out(self, plan: Plan, like: Array) -> None:
         """Makes ``plan`` current: buffers of its size on ``like``'s device holding the state of

@@ -1,0 +1,129 @@
+"""GsSketch under Horovod elastic on real ranks (tests/workers/elastic_scenarios.py): a worker
+killed with SIGKILL and a slot added under ``horovodrun --gloo --min-np 1 --max-np 3``. After
+each reset every rank's compressor state agrees (the plan, the steps), a survivor's residual is
+bitwise the one it committed, a joining rank starts from zeros, the removed rank's committed
+residual mass is reported, and the job finishes without waiting past its deadline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env
+
+DEADLINE = 300  # seconds for the whole job, resets and start-ups included
+
+
+def elastic_run(out: Path, kill_at: int, add_at: int, steps: int) -> list[list[dict]]:
+    """Runs the scenario; returns each process's events in order (the killed one's included)."""
+    hosts = out / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = out / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    cmd = [launcher("horovodrun"), "--gloo", "-np", "2", "--min-np", "1", "--max-np", "3",
+           "--host-discovery-script", str(discover), "--gloo-timeout-seconds", "120",
+           sys.executable, str(WORKERS / "elastic_scenarios.py"), str(out), str(hosts),
+           str(kill_at), str(add_at), str(steps)]
+    env = rank_env()
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.returncode == 0, f"horovodrun failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return [[json.loads(line) for line in path.read_text().splitlines()] for path in sorted(out.glob("events.*.jsonl"))]
+
+
+def of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["event"] == kind]
+
+
+@pytest.fixture(scope="module")
+def kill_then_add(tmp_path_factory):
+    """Commits at steps 3 and 6; the worker on 127.0.0.1 dies after step 8 (two steps not
+    committed); a slot is added after step 14; 24 steps."""
+    return elastic_run(tmp_path_factory.mktemp("elastic"), kill_at=8, add_at=14, steps=24)
+
+
+def split(processes: list[list[dict]]) -> tuple[list[dict], list[dict], list[dict]]:
+    """(the survivor's events, the killed worker's, the joiner's)."""
+    killed = [p for p in processes if of(p, "killing")]
+    joiner = [p for p in processes if not of(p, "killing") and of(p, "synced")[0]["step"] > 0]
+    survivor = [p for p in processes if p not in killed and p not in joiner]
+    assert (len(survivor), len(killed), len(joiner)) == (1, 1, 1), processes
+    return survivor[0], killed[0], joiner[0]
+
+
+def test_a_survivor_rolls_back_to_its_commit_bitwise(kill_then_add):
+    survivor, killed, _ = split(kill_then_add)
+    synced = of(survivor, "synced")
+    assert [s["ranks"] for s in synced] == [2, 1, 2]
+    last_commit = [c for c in of(survivor, "commit") if c["step"] <= 8][-1]
+    assert last_commit["step"] == 6
+    after_kill = synced[1]
+    assert after_kill["step"] == 6  # Horovod's state rolled back the step count ...
+    assert after_kill["residual"] == last_commit["residual"]  # ... and GsSketch its residuals, bitwise
+    assert after_kill["gs_steps"] == last_commit["gs_steps"] == [6]
+
+
+def test_the_removed_ranks_committed_mass_is_reported(kill_then_add):
+    survivor, killed, _ = split(kill_then_add)
+    lost = of(killed, "commit")[-1]
+    assert lost["step"] == 6 and lost["mass"] > 0
+    assert of(survivor, "synced")[1]["lost_residual"] == pytest.approx(lost["mass"], rel=1e-12)
+    assert of(survivor, "done")[0]["lost_residual"] == pytest.approx(lost["mass"], rel=1e-12)
+
+
+def test_a_joining_rank_starts_from_zeros_at_the_others_steps(kill_then_add):
+    survivor, _, joiner = split(kill_then_add)
+    joined = of(joiner, "synced")[0]
+    at_add = of(survivor, "synced")[2]
+    assert joined["ranks"] == at_add["ranks"] == 2
+    assert joined["step"] == at_add["step"] and joined["gs_steps"] == at_add["gs_steps"]
+    assert at_add["gs_steps"] == [at_add["step"]]
+    assert joined["tensors"] == at_add["tensors"] > 0
+    assert joined["mass"] == 0.0 and at_add["mass"] > 0  # zeros for every tensor; the survivor keeps its own
+    assert of(survivor, "commit")[-1]["step"] >= at_add["step"]
+    survivor_commit = [c for c in of(survivor, "commit") if c["step"] == at_add["step"]][0]
+    assert at_add["residual"] == survivor_commit["residual"]  # a host added: nothing rolls back
+
+
+def test_every_rank_plans_alike_after_each_reset(kill_then_add):
+    survivor, _, joiner = split(kill_then_add)
+    for planned in of(survivor, "planned") + of(joiner, "planned"):
+        plans = planned["plans"]
+        assert len(plans) == planned["ranks"]
+        assert all(p == plans[0] for p in plans), plans
+        assert plans[0][3] == plans[0][4] == planned["ranks"]  # planned for the new world its collectives span
+    assert [p["ranks"] for p in of(survivor, "planned")] == [2, 1, 2]
+
+
+def test_the_job_finishes_with_every_rank_alike(kill_then_add):
+    survivor, _, joiner = split(kill_then_add)
+    done = of(survivor, "done") + of(joiner, "done")
+    assert [d["ranks"] for d in done] == [2, 2] and done[0]["step"] == done[1]["step"] >= 24
+    assert done[0]["model"] == done[1]["model"]
+
+
+def test_a_reset_before_any_commit_rolls_back_to_zeros(tmp_path):
+    processes = elastic_run(tmp_path, kill_at=2, add_at=0, steps=6)
+    survivor = [p for p in processes if not of(p, "killing")]
+    assert len(survivor) == 1
+    synced = of(survivor[0], "synced")
+    assert [s["ranks"] for s in synced] == [2, 1]
+    assert synced[1]["step"] == 0 and synced[1]["gs_steps"] == []  # nothing committed: no state
+    assert synced[1]["residual"] == synced[0]["residual"]  # as at the start: empty
+    assert of(survivor[0], "done")[0]["step"] == 6
+
+
+def test_a_commit_on_some_ranks_only_raises_a_clear_error_and_nothing_hangs(tmp_path):
+    ranks = horovodrun("elastic_scenarios.py", 2, "gloo", tmp_path, "commit_alone", timeout=180)
+    error = ranks[0]["commit_error"]
+    assert error.startswith("RuntimeError: state.commit() of an elastic state holding GsSketch is a collective: "
+                            "every rank calls it at the same point, but not every rank called it within "
+                            "checkpoint_timeout=3 s. Commit on every rank"), error
+    assert ranks[0]["commit_seconds"] < 3.0 + 10
+    for r in ranks:
+        assert r["next_step_error"].startswith("RuntimeError: "), r
+        assert "out of step" in r["next_step_error"]
