@@ -35,13 +35,22 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
+from horovod.tensorflow.elastic import TensorFlowKerasState, TensorFlowState
 
 from .compressor import DefaultInstanceMethod, DefaultInstanceProperty, GsSketchBase
+from .elastic import ElasticGsState
 from .engine.plan import Plan
 from .engine.state import CommStats, check_restored
 from .engine.step import GsSgd
 from .kernels.tf_ops import TfOps
 from .transports.mpi import MergeStats
+
+
+STEP_SCOPE = "HorovodAllreduce_gs_horovod"
+"""The name scope of the engine's step: Horovod's TF ``hvd.elastic.run`` tells a lost peer (reset
+and go on) from other errors by "HorovodAllreduce", "HorovodAllgather" or "HorovodBroadcast" in
+the failing node's name (and drops any other UnknownError); the engine names its collectives
+itself, so this scope puts the word in every one of them."""
 
 
 class _StepState(tf.Module):
@@ -93,6 +102,17 @@ class _Flag:
             self.value = tf.Variable(0.0, trainable=False, name="step_flag")
 
 
+class _World:
+    """How many elastic resets this rank has joined (:meth:`GsSketch._rejoin`), as an int64
+    variable that every traced step compares with the count it was traced at: a step traced
+    for another world raises instead of running collectives sized for it. A plain object."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        with tf.init_scope():
+            self.value = tf.Variable(0, dtype=tf.int64, trainable=False, name="world_generation")
+
+
 @dataclass(frozen=True)
 class _Ctx:
     step: _StepState
@@ -132,6 +152,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         self._counters = _Counters()
         self._restored = _Restored()  # load_state_dict contents for states not created yet
         self._flag = _Flag()
+        self._world = _World()
+        self._lost_residual = 0.0
 
     def _make_ops(self) -> TfOps:
         return TfOps()
@@ -157,7 +179,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
             return tensor, None
         grads, variables, op, process_set = _calling_step(tensor)
         if self._traced.grads is not grads:
-            self._traced.grads, self._traced.contexts = grads, self._step(grads, variables, op, process_set)
+            with tf.name_scope(STEP_SCOPE):
+                self._traced.grads, self._traced.contexts = grads, self._step(grads, variables, op, process_set)
         return tf.zeros([1]), self._traced.contexts[id(tensor)]
 
     @DefaultInstanceMethod
@@ -172,7 +195,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     @DefaultInstanceProperty
     def stats(self) -> CommStats:
         """Bytes this rank handed to collectives and steps run (read from the graph's counters)."""
-        return CommStats(**{name: int(v.numpy()) for name, v in self._counters.values.items()})
+        return CommStats(**{name: int(v.numpy()) for name, v in self._counters.values.items()},
+                         lost_residual=self._lost_residual)
 
     @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
@@ -219,6 +243,37 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 pending.steps[key] = int(steps)
         self._restored = pending
 
+    def _roll_back(self, state: dict[str, Any]) -> None:
+        for st in self.states.values():
+            st.residual.assign(tf.zeros_like(st.residual))
+            if st.momentum is not None:
+                st.momentum.assign(tf.zeros_like(st.momentum))
+        for step in self.steps.values():
+            step.steps.assign(0)
+        self._load(state)
+
+    def _layout(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {"variables": {path: (np.size(v["residual"]), v["momentum"] is not None)
+                              for path, v in state["variables"].items()}, "steps": dict(state["steps"])}
+
+    def _residual_mass(self, state: dict[str, Any]) -> float:
+        return ElasticGsState.mass([np.asarray(v["residual"]) for v in state["variables"].values()])
+
+    def _rejoin(self, layout: dict[str, Any], lost_mass: float) -> None:
+        zeros = {path: {"residual": np.zeros(d, np.float32), "momentum": np.zeros(d, np.float32) if momentum else None}
+                 for path, (d, momentum) in layout.get("variables", {}).items()
+                 if path not in self.states and path not in self._restored.states}
+        restored = self._restored
+        self._load({"variables": zeros, "steps": layout.get("steps", {})})
+        pending = self._restored
+        self._restored = _Restored({**restored.states, **pending.states}, {**restored.steps, **pending.steps})
+        for step in self.steps.values():
+            step.checked.assign(False)
+        self._lost_residual += lost_mass
+        self._world.generation += 1
+        self._world.value.assign(self._world.generation)
+        _forget_traced_steps(self)
+
     def _describe(self, v: Any) -> tuple[str, int, bool, int]:
         return _path(v), v.shape.num_elements(), v.dtype.is_floating, v.dtype.size
 
@@ -240,7 +295,13 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 step = self.steps[key] = _StepState(plan.total + sum(plan.dense_sizes), "step_" + key)
                 if key in self._restored.steps:
                     step.steps.assign(self._restored.steps.pop(key))
-        flags = comm.allreduce_sum(tf.reshape(self._flag.value, [1]), f"gs_horovod.flags.{key}")[0]
+        traced_for = tf.constant(self._world.generation, tf.int64)
+        same_world = tf.debugging.assert_equal(self._world.value, traced_for, message=(
+            "GsSketch: this step was traced before a Horovod elastic reset, for the ranks of that time; build the "
+            "tf.function of the training step (or the DistributedOptimizer) again after a reset, e.g. in a reset "
+            "callback (DistributedGradientTape made inside the step traces anew by itself)"))
+        with tf.control_dependencies([same_world]):
+            flags = comm.allreduce_sum(tf.reshape(self._flag.value, [1]), f"gs_horovod.flags.{key}")[0]
         agreed = tf.cond(flags > 0, lambda: tf.py_function(self._agree_eagerly, [flags], tf.bool),
                          lambda: tf.constant(True))
         with tf.control_dependencies([agreed]):  # a restore (eager, inside py_function) precedes every read
@@ -285,6 +346,57 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                     st.load(name, *saved)
         return st
 
+
+
+class ElasticStateMixin:
+    """Makes a Horovod TensorFlow elastic state also commit, roll back and sync each rank's
+    GsSketch state (:class:`~gs_horovod.elastic.ElasticGsState`); ``compression``: the GsSketch
+    (instance or class) the training step passes to Horovod. After a reset, a
+    ``DistributedGradientTape`` made inside the step traces for the new world by itself; a
+    ``tf.function`` around the step, or a DistributedOptimizer, must be built again (a step
+    traced before the reset raises rather than run)."""
+
+    def __init__(self, *args: Any, compression: Any = None, **kwargs: Any) -> None:
+        if not (isinstance(compression, GsSketch) or compression is GsSketch):
+            raise TypeError(f"{type(self).__name__}: compression= must be the GsSketch the training step uses, "
+                            f"got {compression!r}")
+        self.compression = compression.default() if compression is GsSketch else compression
+        self._gs = ElasticGsState(self.compression)
+        super().__init__(*args, **kwargs)
+
+    def save(self) -> None:
+        self._gs.save()
+        super().save()
+
+    def restore(self) -> None:
+        self._gs.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        self._gs.sync()
+        super().sync()
+
+
+class GsKerasState(ElasticStateMixin, TensorFlowKerasState):
+    """``hvd.elastic.TensorFlowKerasState`` with each rank's GsSketch state
+    (:class:`ElasticStateMixin`): ``GsKerasState(model, optimizer, compression=gs, batch=0)``."""
+
+
+class GsTensorFlowState(ElasticStateMixin, TensorFlowState):
+    """``hvd.elastic.TensorFlowState`` with each rank's GsSketch state
+    (:class:`ElasticStateMixin`): ``GsTensorFlowState(variables, compression=gs, batch=0)``."""
+
+
+def _forget_traced_steps(compression: GsSketch) -> None:
+    """Drops Horovod's cached ``allreduce_grads`` functions built with ``compression``
+    (``horovod.tensorflow._make_cached_allreduce_grads_fn`` keeps one per argument tuple, traced
+    once): the next DistributedGradientTape traces its step for the current world."""
+    cached = hvd._make_cached_allreduce_grads_fn
+    for cell in cached.__closure__ or ():
+        cache = cell.cell_contents
+        if isinstance(cache, dict):
+            for key in [key for key in cache if any(arg is compression or arg is type(compression) for arg in key[0])]:
+                del cache[key]
 
 
 def _path(var: Any) -> str:
