@@ -175,13 +175,13 @@ class TorchRanks:
     def __init__(self) -> None:
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
+        from gs_horovod.torchrun import init_process_group
+
+        init_process_group("gloo")  # with the exit handler that lets gloo's threads finish
         self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
 
     def close(self) -> None:
-        """Destroys the process group before the interpreter exits: left to exit with it, gloo's
-        threads may abort a rank after its work is done ("terminate called without an active
-        exception", SIGABRT, seen on a fresh clone's run of the torchrun demos)."""
+        """Destroys the process group before the interpreter exits."""
         self.dist.destroy_process_group()
 
     def distribute(self, args: argparse.Namespace, model: Any, optimizer: Any,

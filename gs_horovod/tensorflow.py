@@ -45,7 +45,6 @@ from .engine.step import GsSgd
 from .kernels.tf_ops import TfOps
 from .transports.mpi import MergeStats
 
-
 STEP_SCOPE = "HorovodAllreduce_gs_horovod"
 """The name scope of the engine's step: Horovod's TF ``hvd.elastic.run`` tells a lost peer (reset
 and go on) from other errors by "HorovodAllreduce", "HorovodAllgather" or "HorovodBroadcast" in

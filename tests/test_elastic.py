@@ -1,8 +1,13 @@
-"""GsSketch under Horovod elastic on real ranks (tests/workers/elastic_scenarios.py): a worker
-killed with SIGKILL and a slot added under ``horovodrun --gloo --min-np 1 --max-np 3``. After
-each reset every rank's compressor state agrees (the plan, the steps), a survivor's residual is
-bitwise the one it committed, a joining rank starts from zeros, the removed rank's committed
-residual mass is reported, and the job finishes without waiting past its deadline."""
+"""Workers that come and go, on real ranks.
+
+Horovod elastic (tests/workers/elastic_scenarios.py), torch and TensorFlow: a worker killed with
+SIGKILL and a slot added under ``horovodrun --gloo --min-np 1 --max-np 3``. After each reset
+every rank's compressor state agrees (the plan, the steps), a survivor's residual is bitwise the
+one it committed, a joining rank starts from zeros, the removed rank's committed residual mass
+is reported, and the job finishes without waiting past its deadline.
+
+torchrun (tests/workers/restarts.py): ``--max-restarts 1`` with the DDP hook and with FSDP2; a
+worker killed part-way restarts the group, which resumes bitwise from its last checkpoint."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env
+from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers, torchrun_command
 
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
 
@@ -141,3 +146,21 @@ def test_a_commit_on_some_ranks_only_raises_a_clear_error_and_nothing_hangs(tmp_
     for r in ranks:
         assert r["next_step_error"].startswith("RuntimeError: "), r
         assert "out of step" in r["next_step_error"]
+
+
+def restarted(out: Path, kind: str, kill_at: int, *extra: str) -> list[dict]:
+    out.mkdir()
+    cmd = [*torchrun_command(2), "--max-restarts", "1", sys.executable, str(WORKERS / "restarts.py"), str(out), kind,
+           str(kill_at), "12", *extra]
+    return run_workers(cmd, 2, out, timeout=DEADLINE)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_a_torchrun_restart_resumes_bitwise_from_the_last_checkpoint(kind, tmp_path):
+    straight = restarted(tmp_path / "straight", kind, 0)
+    killed = restarted(tmp_path / "killed", kind, 7)
+    control = restarted(tmp_path / "control", kind, 7, "without_gs_state")
+    assert [r["attempt"] for r in straight] == [0, 0] and [r["attempt"] for r in killed] == [1, 1]
+    assert [r["resumed_from"] for r in killed] == [6, 6]  # the checkpoint of step 6, not step 7
+    assert {r["model"] for r in killed} == {r["model"] for r in straight} and len({r["model"] for r in straight}) == 1
+    assert {r["model"] for r in control} != {r["model"] for r in straight}  # the residuals matter

@@ -3,6 +3,8 @@ NCCL), blocking, for the DDP hook."""
 
 from __future__ import annotations
 
+import atexit
+import time
 from typing import Optional
 
 import numpy as np
@@ -13,6 +15,26 @@ from ..kernels.torch_ops import TorchOps
 from .deadline import poll_until
 from .protocol import count, half_prescaled
 from .wire import Traffic
+
+EXIT_GRACE = 0.1
+"""Seconds the exit handler of :func:`release_gloo_workers_at_exit` lets go of the GIL for."""
+
+_exit_handler_registered = False
+
+
+def _release_gil_briefly() -> None:
+    time.sleep(EXIT_GRACE)
+
+
+def release_gloo_workers_at_exit() -> None:
+    """Registers (once) an exit handler that lets go of the GIL for :data:`EXIT_GRACE` seconds,
+    so that gloo's worker threads drop their last works (which hold Python objects) before the
+    interpreter finalizes: a thread that asks for the GIL after that is ended inside a noexcept
+    destructor and the rank aborts after its work is done (:mod:`gs_horovod.torchrun`)."""
+    global _exit_handler_registered
+    if not _exit_handler_registered:
+        atexit.register(_release_gil_briefly)
+        _exit_handler_registered = True
 
 
 def comm_device(group: Optional[dist.ProcessGroup]) -> torch.device:
@@ -35,6 +57,8 @@ class DistCollectives:
         self.rank, self.size, self.averages = dist.get_rank(group), dist.get_world_size(group), True
         self.device = comm_device(group)
         self.traffic = Traffic(self.size)
+        if dist.get_backend(group) == "gloo":
+            release_gloo_workers_at_exit()
 
     def allreduce(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """x (n,) f32 → the mean (n,) f32; f16 (the sketch) is scaled by 1/P before the sum, as

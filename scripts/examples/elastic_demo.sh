@@ -8,7 +8,8 @@
 #   bash scripts/examples/elastic_demo.sh --compression none   # dense, for comparison
 # Arguments go to train_elastic.py. The two workers start on "localhost" and "127.0.0.1" (both
 # this machine): Horovod blacklists the host of a failed worker, so the slot is added on the other.
-# KILL_AT / ADD_AT: the global steps after which the kill and the add happen (defaults 60, 120).
+# KILL_AT / ADD_AT: the global steps after which the kill and the add happen (defaults 60, 120;
+# KILL_AT=0: neither, the uninterrupted run). SUMMARY=FILE keeps the summary's JSON there.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
@@ -33,13 +34,16 @@ horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script "$work/dis
   > >(python scripts/console.py) 2>&1 &
 run=$!
 
-wait_for step "$KILL_AT"
-read -r pid host < <(python -c 'import json,sys; w=json.load(open(sys.argv[1]))["workers"][1]; print(*w)' "$work/progress")
-echo "elastic_demo: step $(step step): SIGKILL to rank 1 (pid $pid on $host)"
-kill -9 "$pid"
-wait_for step "$ADD_AT"
-survivor=$([ "$host" = localhost ] && echo 127.0.0.1 || echo localhost)
-echo "elastic_demo: step $(step step): one slot added on $survivor"
-printf '%s:2\n' "$survivor" > "$work/hosts"
+if (( KILL_AT > 0 )); then
+  wait_for step "$KILL_AT"
+  read -r pid host < <(python -c 'import json,sys; w=json.load(open(sys.argv[1]))["workers"][1]; print(*w)' "$work/progress")
+  echo "elastic_demo: step $(step step): SIGKILL to rank 1 (pid $pid on $host)"
+  kill -9 "$pid"
+  wait_for step "$ADD_AT"
+  survivor=$([ "$host" = localhost ] && echo 127.0.0.1 || echo localhost)
+  echo "elastic_demo: step $(step step): one slot added on $survivor"
+  printf '%s:2\n' "$survivor" > "$work/hosts"
+fi
 wait "$run"
-echo "elastic_demo: summary $(cat "$work/summary.json" | tr -d '\n ')"
+echo "elastic_demo: summary $(tr -d '\n ' < "$work/summary.json")"
+[ -z "${SUMMARY:-}" ] || cp "$work/summary.json" "$SUMMARY"

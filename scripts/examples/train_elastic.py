@@ -72,12 +72,13 @@ def main() -> None:
     def train(state: hvd.elastic.TorchState) -> None:
         while state.epoch < args.epochs:
             state.model.train()
-            for state.batch, (x, y) in enumerate(loader, start=state.batch):
+            for batch, (x, y) in enumerate(loader, start=state.batch):
+                state.batch = batch
                 state.optimizer.zero_grad()
                 F.cross_entropy(state.model(x), y).backward()
                 state.optimizer.step()
                 state.step += 1
-                state.train_sampler.record_batch(state.batch, args.batch_size)
+                state.train_sampler.record_batch(batch, args.batch_size)
                 if state.step % args.batches_per_commit == 0:
                     state.commit()
                     report(state)
