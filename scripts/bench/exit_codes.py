@@ -58,7 +58,9 @@ def main() -> None:
     out = Path(args.out)
     if out.exists() and not args.append:
         sys.exit(f"{out} exists: pass --append to add to it, or another --out")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     record = json.loads(out.read_text()) if out.exists() else {"cases": {}}
+    record["code"] = commit.stdout.strip()
     for name in args.cases:
         record["cases"][name] = run_case(CASES[name], args.runs)
         print(name, json.dumps(record["cases"][name]), flush=True)

@@ -786,6 +786,36 @@ def soak(docs: Path) -> str:
     return "\n".join(lines + ["```"])
 
 
+@block("elastic.demo")
+def elastic_demo(docs: Path) -> str:
+    """``elastic_runs.sh``'s runs from ``docs/elastic_demo.json``: per compression and seed, the
+    held-out accuracy killed-then-added and uninterrupted, resets, ranks at the end."""
+    d = load(docs, "elastic_demo.json")
+    runs = d["runs"]
+    lines = ["| compression | seed | accuracy, a worker killed then a slot added | uninterrupted | difference "
+             "| resets | ranks at the end | lost residual Σ e² |", "|---|---|---|---|---|---|---|---|"]
+    for name in sorted(n for n in runs if n.endswith("killed_then_added")):
+        faulted, straight = runs[name], runs[name.replace("killed_then_added", "uninterrupted")]
+        compression, seed = name.split("-")[:2]
+        lines.append(f"| {compression} | {seed.removeprefix('seed')} | {faulted['accuracy']:.4f} | "
+                     f"{straight['accuracy']:.4f} | {faulted['accuracy'] - straight['accuracy']:+.4f} | "
+                     f"{faulted['resets']} | {faulted['ranks_at_end']} | {faulted['lost_residual']:.3g} |")
+    return "\n".join(lines + ["", f"(`{d['command']}`, code {d['code']})"])
+
+
+@block("exit_codes")
+def exit_codes(docs: Path) -> str:
+    """``exit_codes.py``'s counts from ``docs/exit_codes.json``: per case, runs exiting 0 and
+    runs in which a rank aborted at exit."""
+    d = load(docs, "exit_codes.json")
+    lines = ["| case | command | exit 0 | a rank aborted at exit |", "|---|---|---|---|"]
+    for name, c in d["cases"].items():
+        lines.append(f"| {name} | `{' '.join(c['command'])}` | {c['exit_0']} of {c['runs']} | "
+                     f"{c['runs_with_an_abort']} of {c['runs']} |")
+    return "\n".join(lines + ["", f"(`python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json`, "
+                                   f"code {d['code']})"])
+
+
 # ---------------------------------------------------------------------------------------------
 # shaped links and the cost model (bench_throughput.sh, cost_model.py)
 
