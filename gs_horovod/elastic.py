@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import pickle
 import uuid
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .checkpoint import CheckpointCollectives, exchange_bytes
 
-Layout = dict[str, tuple[int, bool, int]]
-"""Rank 0's compressed tensors after a reset: name → (elements, has momentum, steps)."""
+Layout = Any
+"""What a joining rank needs of rank 0's state after a reset, in the adapter's own form: each
+compressed tensor's size, whether it has momentum, and the step counts."""
 
 
 class ElasticAdapter(Protocol):
@@ -104,11 +105,11 @@ class ElasticGsState:
         comm = self.adapter._checkpoint_comm()
         present = share(comm, self.process_id)
         mine = self.adapter._layout(self.committed) if comm.rank == 0 else None
-        layout: Optional[Layout] = share(comm, mine)[0]
+        layout: Layout = share(comm, mine)[0]
         lost = sum(mass for pid, mass in self.committed_mass.items() if pid not in present)
         self.committed_mass = {pid: m for pid, m in self.committed_mass.items() if pid in present}
         self.adapter._forget_checkpoint_calls()
-        self.adapter._rejoin(layout or {}, lost)
+        self.adapter._rejoin(layout, lost)
 
     @staticmethod
     def mass(residuals: list[np.ndarray]) -> float:

@@ -259,13 +259,14 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         return ElasticGsState.mass([np.asarray(v["residual"]) for v in state["variables"].values()])
 
     def _rejoin(self, layout: dict[str, Any], lost_mass: float) -> None:
-        zeros = {path: {"residual": np.zeros(d, np.float32), "momentum": np.zeros(d, np.float32) if momentum else None}
-                 for path, (d, momentum) in layout.get("variables", {}).items()
-                 if path not in self.states and path not in self._restored.states}
-        restored = self._restored
-        self._load({"variables": zeros, "steps": layout.get("steps", {})})
-        pending = self._restored
-        self._restored = _Restored({**restored.states, **pending.states}, {**restored.steps, **pending.steps})
+        for path, (d, momentum) in layout.get("variables", {}).items():
+            if path not in self.states and path not in self._restored.states:
+                self._restored.states[path] = (np.zeros(d, np.float32), np.zeros(d, np.float32) if momentum else None)
+        for key, steps in layout.get("steps", {}).items():
+            if key in self.steps:
+                self.steps[key].steps.assign(steps)
+            else:
+                self._restored.steps[key] = steps
         for step in self.steps.values():
             step.checked.assign(False)
         self._lost_residual += lost_mass

@@ -169,6 +169,7 @@ class GsSketch(GsSketchBase, Compressor):
         self._restored = tensors
 
     def _layout(self, state: dict[str, Any]) -> Layout:
+        """name → (elements, has momentum, steps) of each tensor of ``state``."""
         return {name: (t["residual"].numel(), t["momentum"] is not None, int(t["steps"]))
                 for name, t in state["tensors"].items()}
 

@@ -6,8 +6,10 @@ in which a rank aborted at exit ("terminate called without an active exception")
 
 Cases: ``ddp_two_steps`` (scripts/bench/ddp_two_steps.py: GsState, two steps), the same with
 ``--hook none`` (torch's DDP without gs_horovod: the abort this guards against), the torchrun demo
-(scripts/examples/train_torch.py, one epoch) and FSDP2 (scripts/examples/train_fsdp.py, 2 × 1,
-one epoch). Refuses an existing ``--out`` unless ``--append``.
+(scripts/examples/train_torch.py, one epoch), FSDP2 (scripts/examples/train_fsdp.py, 2 × 1,
+one epoch), and a restart under ``--max-restarts 1`` (rank 1 killed after the first step) with
+the group from gs_horovod's ``init_process_group`` and from torch's. Refuses an existing
+``--out`` unless ``--append``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ CASES = {
     "ddp_two_steps_without_gs_horovod": ["scripts/bench/ddp_two_steps.py", "--hook", "none"],
     "train_torch_torchrun": ["scripts/examples/train_torch.py", "--epochs", "1"],
     "train_fsdp": ["scripts/examples/train_fsdp.py", "--replicas", "2", "--epochs", "1"],
+    "ddp_restart": ["--max-restarts", "1", "scripts/bench/ddp_two_steps.py", "--killed"],
+    "ddp_restart_torch_init": ["--max-restarts", "1", "scripts/bench/ddp_two_steps.py", "--killed", "--init", "torch"],
 }
 ABORT = "terminate called without an active exception"
 
@@ -38,13 +42,17 @@ def run_case(args: list[str], runs: int) -> dict:
     codes, aborted, seconds = Counter(), 0, []
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
+        try:
+            proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=300)
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as hung:
+            code, output = "timed out", str(hung.stdout or "") + str(hung.stderr or "")
         seconds.append(time.perf_counter() - start)
-        codes[proc.returncode] += 1
-        aborted += ABORT in proc.stdout + proc.stderr
+        codes[code] += 1
+        aborted += ABORT in output
     return {"command": ["torchrun", "--standalone", "--nproc_per_node", "2", *args], "runs": runs,
-            "exit_codes": {str(k): v for k, v in sorted(codes.items())}, "runs_with_an_abort": aborted,
+            "exit_codes": {str(k): v for k, v in sorted(codes.items(), key=str)}, "runs_with_an_abort": aborted,
             "exit_0": codes[0], "median_seconds": sorted(seconds)[len(seconds) // 2]}
 
 
