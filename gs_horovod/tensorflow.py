@@ -214,17 +214,22 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     @DefaultInstanceMethod
     def reset(self) -> None:
         """Zeroes every residual, momentum and step count (eagerly) and drops loaded state not
-        yet used: the variables stay, as Horovod's traced step holds them. Call it from a
-        Horovod elastic reset callback. A state loaded but not yet restored is dropped."""
+        yet used: the variables stay, as Horovod's traced step holds them. Under Horovod
+        elastic, use :class:`GsKerasState` instead: it keeps what was committed."""
         self._restored = _Restored()
         self._forget_checkpoint_calls()
+        self._zero()
+        for step in self.steps.values():
+            step.checked.assign(False)
+
+    def _zero(self) -> None:
+        """Every residual, momentum and step count to zero (eagerly)."""
         for st in self.states.values():
             st.residual.assign(tf.zeros_like(st.residual))
             if st.momentum is not None:
                 st.momentum.assign(tf.zeros_like(st.momentum))
         for step in self.steps.values():
             step.steps.assign(0)
-            step.checked.assign(False)
 
     def _load(self, state: dict[str, Any]) -> None:
         pending = _Restored()
@@ -243,12 +248,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         self._restored = pending
 
     def _roll_back(self, state: dict[str, Any]) -> None:
-        for st in self.states.values():
-            st.residual.assign(tf.zeros_like(st.residual))
-            if st.momentum is not None:
-                st.momentum.assign(tf.zeros_like(st.momentum))
-        for step in self.steps.values():
-            step.steps.assign(0)
+        self._zero()
         self._load(state)
 
     def _layout(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -299,7 +299,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         same_world = tf.debugging.assert_equal(self._world.value, traced_for, message=(
             "GsSketch: this step was traced before a Horovod elastic reset, for the ranks of that time; build the "
             "tf.function of the training step (or the DistributedOptimizer) again after a reset, e.g. in a reset "
-            "callback (DistributedGradientTape made inside the step traces anew by itself)"))
+            "callback"))
         with tf.control_dependencies([same_world]):
             flags = comm.allreduce_sum(tf.reshape(self._flag.value, [1]), f"gs_horovod.flags.{key}")[0]
         agreed = tf.cond(flags > 0, lambda: tf.py_function(self._agree_eagerly, [flags], tf.bool),
@@ -351,10 +351,10 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
 class ElasticStateMixin:
     """Makes a Horovod TensorFlow elastic state also commit, roll back and sync each rank's
     GsSketch state (:class:`~gs_horovod.elastic.ElasticGsState`); ``compression``: the GsSketch
-    (instance or class) the training step passes to Horovod. After a reset, a
-    ``DistributedGradientTape`` made inside the step traces for the new world by itself; a
-    ``tf.function`` around the step, or a DistributedOptimizer, must be built again (a step
-    traced before the reset raises rather than run)."""
+    (instance or class) the training step passes to Horovod. After a reset, Horovod's cached
+    allreduce functions built with it are dropped, so a step traced again (a ``tf.function``
+    built again in a reset callback) plans for the new ranks; a step traced before the reset, or
+    a DistributedOptimizer built before it, raises rather than run."""
 
     def __init__(self, *args: Any, compression: Any = None, **kwargs: Any) -> None:
         if not (isinstance(compression, GsSketch) or compression is GsSketch):

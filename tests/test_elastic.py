@@ -20,6 +20,7 @@ import pytest
 from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers, torchrun_command
 
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
+ACCURACY_BAND = 0.02  # the demo's held-out accuracy, faulted against uninterrupted (docs/reliability.md)
 
 
 def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int) -> list[list[dict]]:
@@ -164,3 +165,24 @@ def test_a_torchrun_restart_resumes_bitwise_from_the_last_checkpoint(kind, tmp_p
     assert [r["resumed_from"] for r in killed] == [6, 6]  # the checkpoint of step 6, not step 7
     assert {r["model"] for r in killed} == {r["model"] for r in straight} and len({r["model"] for r in straight}) == 1
     assert {r["model"] for r in control} != {r["model"] for r in straight}  # the residuals matter
+
+
+def elastic_demo(summary: Path, kill_at: int, add_at: int = 0) -> dict:
+    """``bash scripts/examples/elastic_demo.sh --epochs 2`` with KILL_AT / ADD_AT; its summary."""
+    env = dict(rank_env(), KILL_AT=str(kill_at), ADD_AT=str(add_at), SUMMARY=str(summary))
+    cmd = ["bash", str(ROOT / "scripts" / "examples" / "elastic_demo.sh"), "--epochs", "2"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "held-out accuracy" in proc.stdout and "elastic_demo: summary" in proc.stdout
+    return json.loads(summary.read_text())
+
+
+def test_the_elastic_demo_with_a_kill_and_an_add_ends_in_the_uninterrupted_runs_band(tmp_path):
+    """The MNIST-5k CNN, 2 epochs: a worker killed after step 20 and a slot added after step 40,
+    against the same seed uninterrupted."""
+    faulted = elastic_demo(tmp_path / "faulted.json", kill_at=20, add_at=40)
+    straight = elastic_demo(tmp_path / "straight.json", kill_at=0)
+    assert faulted["ranks_after_each_reset"] == [1, 2] and faulted["ranks_at_end"] == 2
+    assert straight["resets"] == 0 and straight["ranks_at_end"] == 2
+    assert faulted["lost_residual"] > 0 and straight["lost_residual"] == 0
+    assert abs(faulted["accuracy"] - straight["accuracy"]) <= ACCURACY_BAND, (faulted, straight)

@@ -68,9 +68,8 @@ def main() -> None:
         sys.exit(f"{out} exists: pass --append to add to it, or another --out")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     record = json.loads(out.read_text()) if out.exists() else {"cases": {}}
-    record["code"] = commit.stdout.strip()
     for name in args.cases:
-        record["cases"][name] = run_case(CASES[name], args.runs)
+        record["cases"][name] = {**run_case(CASES[name], args.runs), "code": commit.stdout.strip()}
         print(name, json.dumps(record["cases"][name]), flush=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
 

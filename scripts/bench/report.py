@@ -808,12 +808,11 @@ def exit_codes(docs: Path) -> str:
     """``exit_codes.py``'s counts from ``docs/exit_codes.json``: per case, runs exiting 0 and
     runs in which a rank aborted at exit."""
     d = load(docs, "exit_codes.json")
-    lines = ["| case | command | exit 0 | a rank aborted at exit |", "|---|---|---|---|"]
+    lines = ["| case | command | exit 0 | a rank aborted at exit | code |", "|---|---|---|---|---|"]
     for name, c in d["cases"].items():
         lines.append(f"| {name} | `{' '.join(c['command'])}` | {c['exit_0']} of {c['runs']} | "
-                     f"{c['runs_with_an_abort']} of {c['runs']} |")
-    return "\n".join(lines + ["", f"(`python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json`, "
-                                   f"code {d['code']})"])
+                     f"{c['runs_with_an_abort']} of {c['runs']} | {c['code']} |")
+    return "\n".join(lines + ["", "(`python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json`)"])
 
 
 # ---------------------------------------------------------------------------------------------
