@@ -41,8 +41,8 @@ class Rank:
     def step(self, comm, grads: list[torch.Tensor]):
         engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
         result = engine.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
-        if result.applied:
-            self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
+        # kept whether applied or not, as TF's variables keep it: a skipped step must hand back the prior state
+        self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         return list(torch.split(result.update, self.plan.all_sizes))
 
 
@@ -197,7 +197,7 @@ def test_global_sketch_equals_the_numpy_reference_bit_for_bit():
     assert np.array_equal(comm.payload.numpy().reshape(cfg.rows, cols), expected)
 
 
-@pytest.mark.parametrize("exchange", ["sketch", "allgather"])
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
 @pytest.mark.parametrize("nonfinite", ["raise", "skip"])
 @pytest.mark.parametrize("exact", [True, False])
 def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchange):
