@@ -3,6 +3,8 @@
 in which a rank aborted at exit ("terminate called without an active exception") counted.
 
     python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json
+    python scripts/bench/exit_codes.py --runs 8 --timeout 120 --cases ddp_restart_torch_init \
+        --out docs/exit_codes.json --append
 
 Cases: ``ddp_two_steps`` (scripts/bench/ddp_two_steps.py: GsState, two steps), the same with
 ``--hook none`` (torch's DDP without gs_horovod: the abort this guards against), the torchrun demo
@@ -36,7 +38,7 @@ CASES = {
 ABORT = "terminate called without an active exception"
 
 
-def run_case(args: list[str], runs: int) -> dict:
+def run_case(args: list[str], runs: int, timeout: float) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     codes, aborted, seconds = Counter(), 0, []
@@ -44,7 +46,7 @@ def run_case(args: list[str], runs: int) -> dict:
         start = time.perf_counter()
         try:
             proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args], cwd=ROOT, env=env,
-                                  capture_output=True, text=True, timeout=300)
+                                  capture_output=True, text=True, timeout=timeout)
             code, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as hung:
             code, output = "timed out", str(hung.stdout or "") + str(hung.stderr or "")
@@ -60,6 +62,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    p.add_argument("--timeout", type=float, default=300, help="seconds a run may take (then: 'timed out')")
     p.add_argument("--out", required=True)
     p.add_argument("--append", action="store_true", help="add to an existing --out")
     args = p.parse_args()
@@ -69,7 +72,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     record = json.loads(out.read_text()) if out.exists() else {"cases": {}}
     for name in args.cases:
-        record["cases"][name] = {**run_case(CASES[name], args.runs), "code": commit.stdout.strip()}
+        record["cases"][name] = {**run_case(CASES[name], args.runs, args.timeout), "code": commit.stdout.strip(),
+                                 "timeout_seconds": args.timeout}
         print(name, json.dumps(record["cases"][name]), flush=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
 
