@@ -5,7 +5,7 @@
   torchrun attempt. Workers restarted by ``torchrun --max-restarts`` reach the same agent
   store (same ``MASTER_PORT``) with the same keys, and gloo's full-mesh connect may read the
   address a killed worker of the previous attempt published: "Gloo connectFullMesh failed ...
-  Connection refused" (5 of 8 plain DDP restarts here).
+  Connection refused", or a hang (docs/reliability.md counts both).
 - :func:`release_gloo_workers_at_exit`: at interpreter exit, a gloo worker thread may still be
   dropping its last finished work, which holds Python objects (autograd's thread-local context,
   a hook's bucket tensor); if the interpreter is finalizing when that thread asks for the GIL,

@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers, torchrun_command
 
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
-ACCURACY_BAND = 0.02  # the demo's held-out accuracy, faulted against uninterrupted (docs/reliability.md)
+ACCURACY_BAND = 0.02  # how much lower the faulted demo's held-out accuracy may end (docs/reliability.md)
 
 
 def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int) -> list[list[dict]]:
@@ -179,10 +179,11 @@ def elastic_demo(summary: Path, kill_at: int, add_at: int = 0) -> dict:
 
 def test_the_elastic_demo_with_a_kill_and_an_add_ends_in_the_uninterrupted_runs_band(tmp_path):
     """The MNIST-5k CNN, 2 epochs: a worker killed after step 20 and a slot added after step 40,
-    against the same seed uninterrupted."""
+    against the same seed uninterrupted. One-sided: the faulted run takes more optimizer steps
+    (one rank walks its share of an epoch in twice the steps), and may end higher."""
     faulted = elastic_demo(tmp_path / "faulted.json", kill_at=20, add_at=40)
     straight = elastic_demo(tmp_path / "straight.json", kill_at=0)
     assert faulted["ranks_after_each_reset"] == [1, 2] and faulted["ranks_at_end"] == 2
     assert straight["resets"] == 0 and straight["ranks_at_end"] == 2
     assert faulted["lost_residual"] > 0 and straight["lost_residual"] == 0
-    assert abs(faulted["accuracy"] - straight["accuracy"]) <= ACCURACY_BAND, (faulted, straight)
+    assert faulted["accuracy"] >= straight["accuracy"] - ACCURACY_BAND, (faulted, straight)

@@ -15,19 +15,24 @@ import argparse
 import os
 import signal
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 
-def main() -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hook", choices=["gs", "none"], default="gs")
     p.add_argument("--killed", action="store_true", help="rank 1 of the first attempt dies after step 1")
     p.add_argument("--init", choices=["torch", "gs_horovod"], default=None,
                    help="how the group is made (default: torch's, or gs_horovod's with --killed)")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
     if (args.init or ("gs_horovod" if args.killed else "torch")) == "torch":
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))

@@ -25,6 +25,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {
@@ -58,14 +59,18 @@ def run_case(args: list[str], runs: int, timeout: float) -> dict:
             "exit_0": codes[0], "median_seconds": sorted(seconds)[len(seconds) // 2]}
 
 
-def main() -> None:
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     p.add_argument("--timeout", type=float, default=300, help="seconds a run may take (then: 'timed out')")
     p.add_argument("--out", required=True)
     p.add_argument("--append", action="store_true", help="add to an existing --out")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     out = Path(args.out)
     if out.exists() and not args.append:
         sys.exit(f"{out} exists: pass --append to add to it, or another --out")

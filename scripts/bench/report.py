@@ -793,13 +793,15 @@ def elastic_demo(docs: Path) -> str:
     d = load(docs, "elastic_demo.json")
     runs = d["runs"]
     lines = ["| compression | seed | accuracy, a worker killed then a slot added | uninterrupted | difference "
-             "| resets | ranks at the end | lost residual Σ e² |", "|---|---|---|---|---|---|---|---|"]
+             "| optimizer steps (faulted / uninterrupted) | resets | ranks at the end | lost residual Σ e² |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in sorted(n for n in runs if n.endswith("killed_then_added")):
         faulted, straight = runs[name], runs[name.replace("killed_then_added", "uninterrupted")]
         compression, seed = name.split("-")[:2]
         lines.append(f"| {compression} | {seed.removeprefix('seed')} | {faulted['accuracy']:.4f} | "
                      f"{straight['accuracy']:.4f} | {faulted['accuracy'] - straight['accuracy']:+.4f} | "
-                     f"{faulted['resets']} | {faulted['ranks_at_end']} | {faulted['lost_residual']:.3g} |")
+                     f"{faulted['steps']} / {straight['steps']} | {faulted['resets']} | {faulted['ranks_at_end']} | "
+                     f"{faulted['lost_residual']:.3g} |")
     return "\n".join(lines + ["", f"(`{d['command']}`, code {d['code']})"])
 
 
@@ -808,11 +810,13 @@ def exit_codes(docs: Path) -> str:
     """``exit_codes.py``'s counts from ``docs/exit_codes.json``: per case, runs exiting 0 and
     runs in which a rank aborted at exit."""
     d = load(docs, "exit_codes.json")
-    lines = ["| case | command | exit 0 | a rank aborted at exit | code |", "|---|---|---|---|---|"]
+    lines = ["| case | command | exit 0 | exit codes | a rank aborted at exit | code |", "|---|---|---|---|---|---|"]
     for name, c in d["cases"].items():
-        lines.append(f"| {name} | `{' '.join(c['command'])}` | {c['exit_0']} of {c['runs']} | "
+        codes = ", ".join(f"{code}: {n}" for code, n in c["exit_codes"].items())
+        lines.append(f"| {name} | `{' '.join(c['command'])}` | {c['exit_0']} of {c['runs']} | {codes} | "
                      f"{c['runs_with_an_abort']} of {c['runs']} | {c['code']} |")
-    return "\n".join(lines + ["", "(`python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json`)"])
+    return "\n".join(lines + ["", "(`python scripts/bench/exit_codes.py --runs 20 --out docs/exit_codes.json`, then "
+                                   "`... --runs 8 --timeout 120 --cases ddp_restart_torch_init --append`)"])
 
 
 # ---------------------------------------------------------------------------------------------
