@@ -12,13 +12,16 @@ and momentum are per rank, so :class:`ElasticGsState` keeps each rank's own:
   committed, steps included; nothing of the uncommitted steps stays in a residual, since the
   model rolls back to the same commit.
 - ``sync()`` (after every reset that adds a rank or follows a failure, a collective on the new
-  set of ranks): collectives rebuilt for the new world (so ``exchange="auto"`` plans for the new
-  P), options compared again at the next step, step counts taken from rank 0, and a joining
-  rank starts every tensor from zero residual and momentum while the others keep theirs.
+  set of ranks): options compared again at the next step, step counts taken from rank 0, and a
+  joining rank starts every tensor from zero residual and momentum while the others keep theirs.
+
+The collectives read the ranks from Horovod at each call, so every step after any reset (also a
+graceful removal, where Horovod skips the sync) plans for the new P (``exchange="auto"``).
 
 A removed rank takes its residual with it: the gradient it had accumulated but not yet sent is
 never applied (error feedback delays; this loses). Its mass at the last commit is added to
-``CommStats.lost_residual`` on every rank at the next sync.
+``CommStats.lost_residual`` on every rank at the next sync (a graceful removal, without a sync,
+is not counted).
 
 The adapter provides what :class:`ElasticAdapter` lists.
 """

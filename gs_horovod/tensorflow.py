@@ -267,9 +267,14 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                 self.steps[key].steps.assign(steps)
             else:
                 self._restored.steps[key] = steps
+        self._lost_residual += lost_mass
+
+    def _world_changed(self) -> None:
+        """At every elastic reset (sync or not): steps traced for the old ranks raise, Horovod's
+        cached allreduce functions built with this compressor are dropped, options are compared
+        again at the next step."""
         for step in self.steps.values():
             step.checked.assign(False)
-        self._lost_residual += lost_mass
         self._world.generation += 1
         self._world.value.assign(self._world.generation)
         _forget_traced_steps(self)
@@ -375,6 +380,11 @@ class ElasticStateMixin:
     def sync(self) -> None:
         self._gs.sync()
         super().sync()
+
+    def reset(self) -> None:
+        """Horovod calls it at every reset, also where it skips the sync (hosts removed gracefully)."""
+        self.compression._world_changed()
+        super().reset()
 
 
 class GsKerasState(ElasticStateMixin, TensorFlowKerasState):

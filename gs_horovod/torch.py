@@ -178,9 +178,7 @@ class GsSketch(GsSketchBase, Compressor):
 
     def _rejoin(self, layout: Layout, lost_mass: float) -> None:
         held = set(self._restored)
-        for gs_state, _ in self._states.values():
-            comm = gs_state.engine.comm
-            gs_state.engine = GsSgd(self.config, self.ops, self._collectives(comm.op, comm.process_set))
+        for gs_state, _ in self._states.values():  # its collectives read the new ranks by themselves
             gs_state.checked = False
             held |= set(gs_state.tensors())
         for name, (d, momentum, steps) in layout.items():

@@ -23,7 +23,8 @@ DEADLINE = 300  # seconds for the whole job, resets and start-ups included
 ACCURACY_BAND = 0.02  # how much lower the faulted demo's held-out accuracy may end (docs/reliability.md)
 
 
-def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int) -> list[list[dict]]:
+def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int,
+                remove_at: int = 0) -> list[list[dict]]:
     """Runs the scenario; returns each process's events in order (the killed one's included)."""
     hosts = out / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
@@ -33,7 +34,7 @@ def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int
     cmd = [launcher("horovodrun"), "--gloo", "-np", "2", "--min-np", "1", "--max-np", "3",
            "--host-discovery-script", str(discover), "--gloo-timeout-seconds", "120",
            sys.executable, str(WORKERS / "elastic_scenarios.py"), str(out), framework, str(hosts),
-           str(kill_at), str(add_at), str(steps)]
+           str(kill_at), str(add_at), str(steps), str(remove_at)]
     env = rank_env()
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
@@ -135,6 +136,20 @@ def test_a_reset_before_any_commit_rolls_back_to_zeros(tmp_path):
     assert synced[1]["step"] == 0 and synced[1]["gs_steps"] == []  # nothing committed: no state
     assert synced[1]["residual"] == synced[0]["residual"]  # as at the start: empty
     assert of(survivor[0], "done")[0]["step"] == 6
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_a_graceful_removal_replans_without_a_sync(tmp_path, framework):
+    """The discovery script drops a host after step 6: Horovod resets and skips the sync; the
+    survivor plans for one rank and finishes."""
+    processes = elastic_run(tmp_path, framework, kill_at=0, add_at=0, steps=12, remove_at=6)
+    finished = [p for p in processes if of(p, "done")]
+    assert len(finished) == 1, processes
+    survivor = finished[0]
+    assert [s["ranks"] for s in of(survivor, "synced")] == [2, 1]
+    assert [p["ranks"] for p in of(survivor, "planned")] == [2, 1]
+    assert of(survivor, "planned")[1]["plans"][0][-1] == 1
+    assert of(survivor, "done")[0]["step"] >= 12
 
 
 def test_a_commit_on_some_ranks_only_raises_a_clear_error_and_nothing_hangs(tmp_path):

@@ -30,7 +30,17 @@ class HorovodCollectives:
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
         self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic
-        self.rank, self.size, self.averages = process_set.rank(), process_set.size(), op == hvd.Average
+        self.averages = op == hvd.Average
+
+    @property
+    def rank(self) -> int:
+        """This rank in the process set now (read each time: a Horovod elastic reset renumbers)."""
+        return self.process_set.rank()
+
+    @property
+    def size(self) -> int:
+        """The process set's ranks now (read each time: a Horovod elastic reset changes them)."""
+        return self.process_set.size()
 
     def allreduce(self, x: Array, name: str) -> Array:
         hvd = self.hvd

@@ -5,13 +5,15 @@ it and asserts). ``torch``: ``hvd.elastic.TorchState(model, optimizer, gs=compre
 in a ``tf.function`` that a reset callback builds again.
 
     horovodrun --gloo -np 2 --min-np 1 --max-np 3 --host-discovery-script DISCOVER \\
-        python tests/workers/elastic_scenarios.py OUT_DIR {torch,tf} HOSTS_FILE KILL_AT ADD_AT STEPS
+        python tests/workers/elastic_scenarios.py OUT_DIR {torch,tf} HOSTS_FILE KILL_AT ADD_AT STEPS [REMOVE_AT]
 
 Two workers start, on hosts "localhost" and "127.0.0.1" (both this machine; Horovod blacklists
 the host of a failed worker). Every ``COMMIT_EVERY`` steps the state is committed. After step
 ``KILL_AT`` the worker on 127.0.0.1 sends itself SIGKILL (once: a marker file); after step
 ``ADD_AT`` (0: never) rank 0 rewrites HOSTS_FILE to give localhost a second slot, and training
-goes on (slowly) until the new worker has joined. Each process appends what it saw, one JSON
+goes on (slowly) until the new worker has joined; after ``REMOVE_AT`` rank 0 drops 127.0.0.1 from
+HOSTS_FILE (a graceful removal: Horovod resets without a sync) and training goes on (slowly)
+until the world has shrunk. Every ``train(state)`` takes at least 3 steps. Each process appends what it saw, one JSON
 object a line, to ``OUT_DIR/events.<pid>.jsonl``:
 
 - ``commit``: the step, this rank's residual checksum and mass Σ e², gs steps (just before it);
@@ -170,7 +172,8 @@ class TfJob:
         return sha(self.model.get_weights())
 
 
-def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at: int, steps: int) -> None:
+def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at: int, steps: int,
+            remove_at: int = 0) -> None:
     job = TorchJob() if framework == "torch" else TfJob()
     hvd, gs = job.hvd, job.gs
     events = Path(out_dir) / f"events.{os.getpid()}.jsonl"
@@ -193,9 +196,12 @@ def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at:
         if isinstance(job, TfJob) and job.stale is not None and hvd.size() > 1:  # one rank: Horovod skips GsSketch
             log("stale", ranks=hvd.size(), error=job.stale_step_error(state.step))
         first = True
-        while state.step < steps or (add_at and hvd.size() < 2):  # after the add: until the joiner is in
-            if add_at and state.step > add_at and hvd.size() < 2:
+        waiting = (lambda: add_at and hvd.size() < 2) if add_at else (lambda: remove_at and hvd.size() > 1)
+        taken = 0
+        while state.step < steps or waiting() or taken < 3:  # after a change: until the world has changed,
+            if state.step > (add_at or remove_at) and waiting():  # and 3 steps in every world
                 time.sleep(0.2)  # Horovod's driver polls the discovery script about once a second
+            taken += 1
             job.step(state.step)
             state.step += 1
             if first:
@@ -213,6 +219,9 @@ def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at:
             if state.step == add_at and hvd.rank() == 0:
                 Path(hosts_file).write_text("localhost:2\n127.0.0.1:1\n")
                 log("added", step=state.step)
+            if state.step == remove_at and hvd.rank() == 0:
+                Path(hosts_file).write_text("localhost:1\n")
+                log("removed", step=state.step)
 
     train(job.state)
     log("done", ranks=hvd.size(), rank=hvd.rank(), step=job.state.step, model=job.model_digest(),
@@ -238,4 +247,4 @@ if __name__ == "__main__":
     if sys.argv[2:] == ["commit_alone"]:
         commit_alone(sys.argv[1])
     else:
-        elastic(sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:7]))
+        elastic(sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:]))
