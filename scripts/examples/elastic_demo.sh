@@ -25,6 +25,9 @@ step() { python -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv
 wait_for() {  # wait_for FIELD MIN: until rank 0's progress has FIELD >= MIN (or training ended)
   while kill -0 "$run" 2>/dev/null && (( $(step "$1") < $2 )); do sleep 0.5; done
 }
+wait_for_one_rank() {  # until rank 0 reports from a world of one rank (the reset after the kill is over)
+  while kill -0 "$run" 2>/dev/null && (( $(step ranks) != 1 )); do sleep 0.5; done
+}
 
 echo "gs_horovod elastic demo: horovodrun --gloo -np 2 --min-np 1 --max-np 3${*:+, arguments: $*}"
 cd "$ROOT"
@@ -39,6 +42,7 @@ if (( KILL_AT > 0 )); then
   read -r pid host < <(python -c 'import json,sys; w=json.load(open(sys.argv[1]))["workers"][1]; print(*w)' "$work/progress")
   echo "elastic_demo: step $(step step): SIGKILL to rank 1 (pid $pid on $host)"
   kill -9 "$pid"
+  wait_for_one_rank
   wait_for step "$ADD_AT"
   survivor=$([ "$host" = localhost ] && echo 127.0.0.1 || echo localhost)
   echo "elastic_demo: step $(step step): one slot added on $survivor"
