@@ -12,8 +12,9 @@ and momentum are per rank, so :class:`ElasticGsState` keeps each rank's own:
   committed, steps included; nothing of the uncommitted steps stays in a residual, since the
   model rolls back to the same commit.
 - ``sync()`` (after every reset that adds a rank or follows a failure, a collective on the new
-  set of ranks): options compared again at the next step, step counts taken from rank 0, and a
-  joining rank starts every tensor from zero residual and momentum while the others keep theirs.
+  set of ranks): options compared again at the next step; a joining rank takes rank 0's step
+  counts and starts every tensor from zero residual and momentum, while the others keep theirs
+  (their steps already agree: they committed, or rolled back, together).
 
 The collectives read the ranks from Horovod at each call, so every step after any reset (also a
 graceful removal, where Horovod skips the sync) plans for the new P (``exchange="auto"``).
