@@ -15,11 +15,12 @@ from gs_horovod.transports.simulated import SimulatedComm
 
 
 class EngineReducer:
-    """One :class:`~gs_horovod.engine.state.EngineState` on ``comm`` with GsSketch's ``options``."""
+    """One :class:`~gs_horovod.engine.state.EngineState` on ``comm`` with GsSketch's ``options``;
+    ``ratio="auto"`` measures on the rank's modelled clock (:meth:`SimulatedComm.clock`)."""
 
     def __init__(self, comm: SimulatedComm, **options: Any) -> None:
         config = GsConfig.from_options(options)
-        self.state = EngineState(GsSgd(config, TorchOps(config.backend), comm), CommStats())
+        self.state = EngineState(GsSgd(config, TorchOps(config.backend), comm), CommStats(), clock=comm.clock)
 
     def reduce(self, named: list[tuple[str, torch.Tensor]], comm: SimulatedComm) -> list[torch.Tensor]:
         out = self.state.step({n: g.detach().reshape(-1).float() for n, g in named})

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, ContextManager, Optional, Protocol
 
 import numpy as np
 
@@ -27,6 +27,14 @@ class ArrayOps(Protocol):
 
     def moved(self, x: Array, like: Array) -> Array:
         """A float32 copy of x (any float dtype, any device) on ``like``'s device."""
+
+    def own_threads(self) -> ContextManager[Any]:
+        """A context in which the engine's step runs: the framework's CPU threads at this rank's
+        share of the node (:func:`gs_horovod.threads.engine_share`), restored after."""
+
+    def wait(self, x: Array) -> None:
+        """Returns once x is computed (a device that runs asynchronously is waited for), so that
+        a clock read next counts its work."""
 
     def concat(self, xs: list[Array]) -> Array: ...
 

@@ -150,11 +150,12 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.transports.wire`) for the
         gradients of ``tensors`` (parameters or variables) on ``ranks`` ranks (default: Horovod's
         size) once warm-up is over: the sketch merge or the allgather and the exact round for the
-        compressed ones, an allreduce of the others as they are."""
+        compressed ones, an allreduce of the others as they are. Under ``ratio="auto"``: at the
+        level of the last step (:meth:`_planned_level`)."""
         ranks = self._hvd.size() if ranks is None else ranks
         described = [self._describe(t) for t in tensors]  # (name, elements, floating, itemsize)
         plan = Plan.split([(n, d) for n, d, floating, _ in described if floating], self.config, ranks=ranks,
-                          allreduce_kind=allreduce_kind(self.merge))
+                          allreduce_kind=allreduce_kind(self.merge), level=self._planned_level())
         others = sum(d * itemsize for _, d, floating, itemsize in described if not floating)
         return plan.collectives(self.config) + ([("allreduce", float(others))] if others else [])
 
@@ -165,6 +166,11 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
     def _describe(self, tensor: Any) -> tuple[str, int, bool, int]:
         raise NotImplementedError
+
+    def _planned_level(self) -> Optional[float]:
+        """The density level :meth:`collectives_per_step` plans at: None (a fixed ratio or k, or
+        a framework that does not measure the step, where "auto" is 0.01)."""
+        return None
 
     def _checkpoint_comm(self) -> HorovodCollectives:
         """Horovod's collectives over every rank (sums), for the checkpoint protocol."""

@@ -11,8 +11,9 @@ core in every rank, so P ranks on one node run P threads per core, and torch's o
 - otherwise: at most the cores this process may run on divided by the ranks on its node
   (:func:`local_size`), and never more than torch's own count.
 
-The engine does not change torch's intra-op threads (they run the user's model too); Horovod
-users who want torch to fit the node as well add, after ``hvd.init()``,
+torch's intra-op threads run the user's model too, so the engine changes them only around
+its own step (:func:`engine_share`): at most the rank's share of the node, restored after.
+Horovod users who want the model to fit the node as well add, after ``hvd.init()``,
 ``torch.set_num_threads(threads_per_rank(hvd.local_size()))``. The decision's inputs (cores,
 ranks on the node, environment) are read once, at the first kernel call (:func:`numba_threads`).
 """
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping, Optional
+from contextlib import contextmanager
+from typing import Iterator, Mapping, Optional
 
 # launchers' counts of the ranks on this node, in the order they are trusted
 LOCAL_SIZE_VARIABLES = ("LOCAL_WORLD_SIZE",  # torchrun
@@ -97,19 +99,43 @@ def kernel_threads(*, cpus: int, ranks_on_node: Optional[int], env: Mapping[str,
 def numba_threads() -> int:
     """The count :func:`kernel_threads` gives for this process, set on Numba for the calling
     thread (Numba's count is per thread); the node's facts are read at the first call."""
-    global _FACTS
     import numba
 
-    if _FACTS is None:
-        _FACTS = {"cpus": cores(), "ranks_on_node": local_size(),
-                  "env": {k: os.environ.get(k, "") for k in USER_COUNTS}}
     torch_now = _torch_threads()
-    n, _ = kernel_threads(**_FACTS, torch_threads=torch_now,
+    n, _ = kernel_threads(**_facts(), torch_threads=torch_now,
                           torch_set=_TORCH_AT_IMPORT is not None and torch_now != _TORCH_AT_IMPORT,
                           numba_max=numba.config.NUMBA_NUM_THREADS)
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     return n
+
+
+def _facts() -> dict:
+    global _FACTS
+    if _FACTS is None:
+        _FACTS = {"cpus": cores(), "ranks_on_node": local_size(),
+                  "env": {k: os.environ.get(k, "") for k in USER_COUNTS}}
+    return _FACTS
+
+
+@contextmanager
+def engine_share() -> Iterator[int]:
+    """Runs the body with torch's intra-op threads at most this rank's share of the node
+    (:func:`threads_per_rank` of the node's facts), whatever torch's count; restores the count
+    after. Yields the count in force."""
+    import torch
+
+    facts = _facts()
+    before = torch.get_num_threads()
+    share = min(before, threads_per_rank(facts["ranks_on_node"] or 1, facts["cpus"]))
+    if share == before:
+        yield before
+        return
+    torch.set_num_threads(share)
+    try:
+        yield share
+    finally:
+        torch.set_num_threads(before)
 
 
 def reset() -> None:

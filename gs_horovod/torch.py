@@ -35,6 +35,7 @@ from horovod.torch.elastic.state import StateHandler, get_handler_registry
 
 from .compressor import DefaultInstanceAttribute, DefaultInstanceMethod, GsSketchBase
 from .elastic import ElasticGsState, Layout
+from .engine.density import DENSE
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
@@ -178,8 +179,11 @@ class GsSketch(GsSketchBase, Compressor):
 
     def _rejoin(self, layout: Layout, lost_mass: float) -> None:
         held = set(self._restored)
+        for saved in self._restored.values():  # a new world: every rank's density starts again
+            saved.pop("density", None)
         for gs_state, _ in self._states.values():  # its collectives read the new ranks by themselves
             gs_state.checked = False
+            gs_state.restart_density()
             held |= set(gs_state.tensors())
         for name, (d, momentum, steps) in layout.items():
             if name not in held:
@@ -192,6 +196,10 @@ class GsSketch(GsSketchBase, Compressor):
     def _restore(self, state: EngineState, params: _Params) -> None:
         """Hands ``state`` the restored tensors of its parameters."""
         state.restore({name: self._restored.pop(name) for name, _ in params.items if name in self._restored})
+
+    def _planned_level(self) -> Optional[float]:
+        """Under ``ratio="auto"`` the last step's level (``stats.density``; dense before any)."""
+        return (self.stats.density or DENSE) if self.config.adaptive else None
 
     def _describe(self, p: torch.Tensor) -> tuple[str, int, bool, int]:
         return str(id(p)), p.numel(), p.is_floating_point(), p.element_size()

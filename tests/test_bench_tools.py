@@ -1,12 +1,14 @@
 """Smoke runs of the throughput tools: scripts/bench/bench_throughput.py under a real horovodrun
 (no network namespaces), scripts/bench/cost_model.py's --validate on the measured runs in docs/
 and --project, scripts/bench/bench_wire.py counted, against what the collectives receive, and
-measured."""
+measured. And the data-writing scripts of scripts/bench/ refuse an existing --out unless
+--append is given, and stamp what they append with their run's run_id."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -19,15 +21,17 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts" / "bench"
 sys.path.insert(0, str(SCRIPTS))
+import bench_time_to_accuracy as tta  # noqa: E402
 import bench_wire  # noqa: E402
 import cost_model  # noqa: E402
 
-from gs_bench import variants  # noqa: E402
+from gs_bench import runs, variants  # noqa: E402
 from gs_horovod.transports.wire import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
             "seq", "hidden", "params", "warmup", "steps", "seconds", "steps_per_s", "bytes_per_step",
-            "wire_bytes_per_step", "collectives"}
+            "wire_bytes_per_step", "collectives", "run_id", "code"}
+RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 
 
 def _env() -> dict[str, str]:
@@ -74,13 +78,17 @@ def test_variant_words_round_trip_and_label() -> None:
 
 def test_bench_throughput_smoke(tmp_path: Path) -> None:
     """One launch, two phases: a JSON row each, the variant and its options recorded, and the
-    collectives the meter saw equal the ones planned from the model's shapes."""
+    collectives the meter saw equal the ones planned from the model's shapes; with --append (as
+    bench_throughput.sh launches it) after the rows already there, with the run id it is given."""
     out = tmp_path / "runs.jsonl"
+    out.write_text('{"kind": "pingpong", "label": "earlier"}\n')
     _run(str(SCRIPTS / "bench_throughput.py"), "--hidden", "32", "--steps", "2", "--warmup", "1",
          "--compression", "gtopk", "--opt", "scope=layer", "--ratio", "0.01", "--labels", "local", "fake",
-         "--repeat", "2", "--out", str(out), ranks=2)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+         "--repeat", "2", "--out", str(out), "--append", "--run-id", "study-1", ranks=2)
+    first, *rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert first == {"kind": "pingpong", "label": "earlier"}
     assert [r["label"] for r in rows] == ["local", "fake"]
+    assert all(r["run_id"] == "study-1" and r["code"] == runs.code_version() for r in rows)
     planned = variants.planned("gtopk", {"scope": "layer"}, _lm_shapes(32), 2, 0.01)
     for r in rows:
         assert set(r) == RUN_KEYS
@@ -217,3 +225,90 @@ def test_bench_wire_counted_and_measured(tmp_path: Path) -> None:
     assert data["ranks"] == 2 and set(data["measured_rank0"]) == set(data["counted"])
     for variant, (payload, wire) in data["measured_rank0"].items():
         assert (payload, wire) == pytest.approx(data["counted"][variant]), variant
+
+
+# ---------------------------------------------------------------------------------------------
+# no silent appends: an existing --out is refused unless --append; appended records carry run_id
+
+REFUSERS = {
+    "bench_time_to_accuracy.py": ["run", "--workloads", "cnn", "--ranks", "2", "--rates", "1gbit", "--methods", "gs",
+                                  "--repeats", "1"],
+    "bench_recovery.py": ["--run", "c", "--ranks", "4", "--ratios", "0.01", "--steps", "1", "--grid", "none",
+                          "--baselines", "gtopk-global", "--planted-d", "4096", "--threads", "1"],
+    "bench_throughput.py": ["--hidden", "32", "--steps", "1", "--warmup", "0"],
+    "pingpong.py": ["--label", "local", "--repeats", "1"],
+    "collective_sweep.py": ["--label", "local", "--kinds", "allreduce", "--sizes", "4096", "--repeats", "1"],
+}
+"""Each data-writing script of scripts/bench/ that appends to --out, with cheap arguments."""
+
+
+@pytest.mark.parametrize("script", [*REFUSERS, "bench_throughput.sh", "collective_sweep.sh"])
+def test_an_existing_out_is_refused_without_append(tmp_path: Path, script: str) -> None:
+    """Run as a user runs it on an --out that exists: a non-zero exit whose message names the
+    file and says to pass --append or choose another path, and the file as it was. (The .sh
+    wrappers are told they already run inside shaped.sh, with too few ranks: should the check
+    not stop them, they fail differently and touch no network.)"""
+    out = tmp_path / "results.jsonl"
+    before = '{"kind": "earlier"}\n'
+    out.write_text(before)
+    if script.endswith(".sh"):
+        args = [str(out), "100mbit", "gs", "2", "1"] if script == "bench_throughput.sh" else [str(out), "100mbit", "2"]
+        cmd = ["bash", str(SCRIPTS / script), *args]
+        env = dict(_env(), SHAPED_RANKS="1")
+    else:
+        cmd, env = [sys.executable, str(SCRIPTS / script), *REFUSERS[script], "--out", str(out)], _env()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert f"{out} exists: pass --append" in proc.stderr and "choose another" in proc.stderr, proc.stderr[-2000:]
+    assert out.read_text() == before
+
+
+def test_bench_recovery_append_stamps_each_invocations_records(tmp_path: Path) -> None:
+    """``bench_recovery.py --run ... --append`` twice on an existing file: the earlier line is
+    kept as it was, each invocation's records follow with their own run_id (UTC time and random
+    hex) and the commit; without --append the same command changes nothing."""
+    out = tmp_path / "R.jsonl"
+    out.write_text('{"task": "earlier"}\n')
+    cmd = [str(SCRIPTS / "bench_recovery.py"), "--run", "c", "--ranks", "4", "--ratios", "0.01", "--steps", "1",
+           "--grid", "none", "--baselines", "gtopk-global,gtopk", "--planted-d", "4096", "--threads", "1",
+           "--out", str(out), "--append"]
+    _run(*cmd)
+    _run(*cmd)
+    first, *records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert first == {"task": "earlier"}
+    assert [r["method"] for r in records] == ["gTop-k (global)", "gTop-k"] * 2
+    ids = [r["run_id"] for r in records]
+    assert all(RUN_ID.fullmatch(i) for i in ids), ids
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[0] != ids[2]
+    assert all(r["code"] == runs.code_version() for r in records)
+
+
+def test_time_to_accuracy_run_refuses_or_appends_with_a_run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """``bench_time_to_accuracy.py run`` (its trainings replaced by a stand-in): an existing
+    --out without --append stops it before any training; with --append every row of the study
+    goes after the rows already there, with one run_id and the commit."""
+    trained: list[tuple] = []
+
+    def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, args: Any) -> dict:
+        trained.append((workload, ranks, rate, variant, repeat))
+        return {"workload": workload, "ranks": ranks, "rate": rate, "method": variant, "repeat": repeat,
+                "seed": repeat, "metric": "accuracy", "history": [{"seconds": 1.0, "accuracy": 0.95}],
+                "bytes_per_step": 10}
+
+    monkeypatch.setattr(tta, "one_run", one_run)
+    out = tmp_path / "tta.jsonl"
+    earlier = '{"workload": "cnn", "note": "an earlier study"}\n'
+    out.write_text(earlier)
+    argv = ["run", "--out", str(out), "--workloads", "cnn", "--ranks", "2", "--rates", "1gbit",
+            "--methods", "gs", "topk", "--repeats", "2"]
+    with pytest.raises(SystemExit, match=re.escape(f"{out} exists: pass --append")):
+        tta.main(argv)
+    assert trained == [] and out.read_text() == earlier
+    tta.main([*argv, "--append"])
+    lines = out.read_text().splitlines()
+    assert lines[0] + "\n" == earlier
+    rows = [json.loads(line) for line in lines[1:]]
+    assert [(r["method"], r["seed"]) for r in rows] == [("gs", 0), ("topk", 0), ("topk", 1), ("gs", 1)]
+    assert len({r["run_id"] for r in rows}) == 1 and RUN_ID.fullmatch(rows[0]["run_id"])
+    assert all(r["code"] == runs.code_version() for r in rows)

@@ -35,14 +35,34 @@ def test_sparse_update_is_the_top_k_of_the_unions_sums_bitwise(ranks, case):
         assert r[f"{case}_small_max_abs"] <= 1e-6
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_each_owner_receives_the_pairs_the_hash_gives_it(ranks, case):
+    # every rank's K pairs routed by the documented hash (recomputed in plain integers by the
+    # worker, from every rank's gradients): exactly what each rank's alltoall delivered
+    owned, by_hand = [r[f"{case}_owned"] for r in ranks], ranks[0][f"{case}_owned_by_hand"]
+    assert owned == by_hand, f"received {owned}, the hash gives {by_hand}"
+    assert sum(owned) == len(ranks) * K
+
+
+def evenly(owned: list[int]) -> bool:
+    """Whether P owners' shares of P·K pairs each lie within 4σ of K, σ that of a fair split
+    (binomial, P·K trials of 1/P: at P = 2 about 4.7 pairs, at P = 4 about 5.8)."""
+    P = len(owned)
+    sigma = math.sqrt(P * K * (1 / P) * (1 - 1 / P))
+    return all(abs(n - K) <= 4 * sigma for n in owned)
+
+
 @pytest.mark.parametrize("case", ["random", "one_region"])
 def test_owners_share_the_pairs_evenly(ranks, case):
-    # owners are a hash of the index: every rank's 45 pairs, all heavy ones in the first 200
-    # coordinates or not, spread over the P owners about evenly
+    # owners are a hash of the index: the P·K pairs, all heavy ones in the first 200
+    # coordinates or not, spread over the P owners about evenly; contiguous regions of D/P
+    # would hand one_region's pairs to the first owner, which the same check refuses
     owned = [r[f"{case}_owned"] for r in ranks]
-    P = len(ranks)
-    assert sum(owned) == P * K
-    assert max(owned) <= 2 * K
+    assert sum(owned) == len(ranks) * K
+    assert evenly(owned), f"pairs per owner {owned}, mean {K}"
+    if case == "one_region":
+        by_region = ranks[0]["one_region_owned_by_region"]
+        assert not evenly(by_region), f"regions would own {by_region}: the check cannot tell them apart"
 
 
 def histogram_bytes(P: int) -> int:

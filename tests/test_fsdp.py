@@ -50,17 +50,23 @@ def test_ratio_one_is_the_mean_over_the_replicate_group(ranks):
             assert np.abs(flat(update) - expected).max() <= 1e-6
 
 
+def pre_filtered(inputs: list[list[dict]], step: int, residuals: list[np.ndarray], ratio: float):
+    """(a, fed, k) of one step of one replicate group: a = e + g per rank; each rank's top-k of
+    |a| (k = ceil(ratio · D), ties to the lower index)."""
+    a = [residuals[q] + flat(inputs[q][step]) for q in range(len(inputs))]
+    k = math.ceil(ratio * len(a[0]))
+    return a, [np.argsort(-np.abs(x), kind="stable")[:k] for x in a], k
+
+
 def top_k_allgather(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
-    """Each step's update of every rank of one replicate group, recomputed: a = e + g; each
-    rank's top-k of |a| (k = ceil(ratio · D)); their union applied with the sum over ranks of
-    what each fed, over P; e = a without what this rank fed."""
+    """Each step's update of every rank of one replicate group, recomputed: each rank's top-k
+    of |a|; their union applied with the sum over ranks of what each fed, over P; e = a
+    without what this rank fed."""
     size = len(inputs)
     residuals = [np.zeros_like(flat(inputs[0][0])) for _ in range(size)]
     updates = []
     for step in range(len(inputs[0])):
-        a = [residuals[q] + flat(inputs[q][step]) for q in range(size)]
-        k = math.ceil(ratio * len(a[0]))
-        fed = [np.argsort(-np.abs(x), kind="stable")[:k] for x in a]
+        a, fed, _ = pre_filtered(inputs, step, residuals, ratio)
         total = np.zeros_like(a[0])
         for x, idx in zip(a, fed):
             total[idx] += x[idx]
@@ -71,12 +77,52 @@ def top_k_allgather(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
     return updates
 
 
-def test_sparse_update_equals_numpy_from_every_ranks_shard_gradients(ranks):
+def top_k_of_the_union(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
+    """The same with the sparse exchange's selection: of the union of the ranks' top-k, the k
+    of largest |sum over ranks / P| (ties to the lower index) applied; e = a without what this
+    rank fed of those k."""
+    size = len(inputs)
+    residuals = [np.zeros_like(flat(inputs[0][0])) for _ in range(size)]
+    updates = []
+    for step in range(len(inputs[0])):
+        a, fed, k = pre_filtered(inputs, step, residuals, ratio)
+        total, in_union = np.zeros_like(a[0]), np.zeros(len(a[0]), bool)
+        for x, idx in zip(a, fed):
+            total[idx] += x[idx]
+            in_union[idx] = True
+        means = total / np.float32(size)
+        union = np.flatnonzero(in_union)
+        chosen = union[np.lexsort((union, -np.abs(means[union])))[:k]]
+        update = np.zeros_like(means)
+        update[chosen] = means[chosen]
+        updates.append(update)
+        for x, idx in zip(a, fed):
+            x[np.intersect1d(idx, chosen)] = 0
+        residuals = a
+    return updates
+
+
+def test_top_k_allgather_update_equals_numpy_from_every_ranks_shard_gradients(ranks):
     for r, mine in enumerate(ranks):
-        expected = top_k_allgather([p["sparse"]["inputs"] for p in peers(ranks, r)], 0.05)
-        for got, want in zip(mine["sparse"]["updates"], expected):
+        assert mine["allgather"]["exchange"] == "allgather" and mine["allgather"]["steps"] == 3
+        expected = top_k_allgather([p["allgather"]["inputs"] for p in peers(ranks, r)], 0.05)
+        for got, want in zip(mine["allgather"]["updates"], expected):
             assert 0 < np.count_nonzero(want) < len(want) / 5  # sparse: the residuals carry the rest
             assert np.abs(flat(got) - want).max() <= 1e-6
+
+
+def test_sparse_exchange_update_equals_numpy_from_every_ranks_shard_gradients(ranks):
+    # exchange="sparse" under FSDP2: the pairs to their owners over the replicate group, the
+    # top k of the union's sums back to every rank
+    for r, mine in enumerate(ranks):
+        assert mine["sparse"]["exchange"] == "sparse" and mine["sparse"]["steps"] == 3
+        group = [p["sparse"]["inputs"] for p in peers(ranks, r)]
+        for step, (got, want) in enumerate(zip(mine["sparse"]["updates"], top_k_of_the_union(group, 0.05))):
+            got, k = flat(got), math.ceil(0.05 * len(want))
+            assert np.count_nonzero(want) == k  # exactly k applied (top-k allgather: its union of up to P·k)
+            assert np.array_equal(np.flatnonzero(got), np.flatnonzero(want)), \
+                f"rank {r} step {step}: applied {np.flatnonzero(got)[:20]}…, expected {np.flatnonzero(want)[:20]}…"
+            assert np.abs(got - want).max() <= 1e-6, f"rank {r} step {step}"
 
 
 def test_ratio_one_trains_as_native_hsdp(ranks):
@@ -114,6 +160,9 @@ def test_bf16_parameters_with_f32_or_bf16_reduction(jobs):
         assert r["bf16_model"]["grad_dtypes"] == ["torch.bfloat16"]  # the update went back as bf16
         assert r["bf16_model"]["max_abs_diff"] <= 1e-6
         assert r["bf16_gs"]["finite"] and r["bf16_gs"]["steps"] == 3
+        # and it trained: every parameter moved from its initial value in 3 steps of k = 5 %
+        moved = r["bf16_gs"]["moved"]
+        assert all(count > 0 for count in moved.values()), f"coordinates moved per parameter: {moved}"
     assert len({r["bf16_gs"]["digest"] for r in ranks}) == 1
 
 

@@ -385,13 +385,15 @@ def test_sizes_and_bytes_follow_the_options():
     assert plan.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
     assert plan.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
     # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
-    gathered = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="allgather"), ("c.bias",), (10,), ranks=2)
+    # (candidates above the pre-filter are an error there)
+    one = replace(cfg, candidates=1, exact=True)
+    gathered = Plan.build(NAMES, [60_000, 40_000], replace(one, exchange="allgather"), ("c.bias",), (10,), ranks=2)
     assert gathered.groups[0].candidates == 1000
     assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
     # the sparse exchange: the pairs by alltoall, two rounds of 256 counts (each below 4 · 1000 <
     # 2^12: five 12-bit counts to an 8-byte word, 52 words a round), an even share of the
     # selection by allgather
-    sparse = Plan.build(NAMES, [60_000, 40_000], replace(cfg, exchange="sparse"), ("c.bias",), (10,), ranks=4)
+    sparse = Plan.build(NAMES, [60_000, 40_000], replace(one, exchange="sparse"), ("c.bias",), (10,), ranks=4)
     assert sparse.payload_bytes(cfg) == Payload(gather=2000, alltoall=8000, select=2 * 52 * 8, exact=4000, dense=40)
     assert sparse.collectives(cfg) == [("alltoall", 8000.0), ("allreduce", 416.0), ("allreduce", 416.0),
                                        ("allgather", 2000.0), ("allreduce", 4040.0)]

@@ -72,14 +72,26 @@ def test_warmup_is_dense_then_compressed_alike_on_every_rank(ranks, exchange):
     assert ranks[0][f"{exchange}_warmup_digests"] == ranks[1][f"{exchange}_warmup_digests"]
     assert len(set(ranks[0][f"{exchange}_warmup_digests"])) == 4
     assert ranks[0][f"{exchange}_warmup_steps"] == [4]
+    exchanged = {"sketch": "sketch_bytes", "allgather": "gather_bytes", "sparse": "alltoall_bytes"}[exchange]
     for r in ranks:  # the 2 warm-up steps are Horovod's dense allreduce
         assert r[f"{exchange}_warmup_dense_max_abs_diff"] <= 1e-6
+        # and compression starts after them: the warm-up counted dense bytes only, the 2 steps
+        # after it the exchange's own and no dense ones (every variable here is compressed) ...
+        warm, after = r[f"{exchange}_warmup_stats"], r[f"{exchange}_after_warmup_stats"]
+        assert warm["dense_bytes"] > 0, warm
+        assert all(n == 0 for field, n in warm.items() if field.endswith("_bytes") and field != "dense_bytes"), warm
+        assert after[exchanged] > 0 and after["dense_bytes"] == warm["dense_bytes"], after
+        # ... so the weights left 4 dense steps' behind (k = 5 % of the coordinates a step)
+        assert r[f"{exchange}_after_warmup_dense_max_abs_diff"] > 1e-3
 
 
 def test_checkpoint_resume_is_bitwise_identical(ranks):
     for r in ranks:
         assert r["resume_restored"] == r["resume_straight"]
         assert r["resume_steps"] == [8]
+        # the control: the model restored but not GsSketch's state (residuals, momentum, steps)
+        # ends elsewhere, so the comparison above can fail
+        assert r["resume_not_loaded"] != r["resume_straight"] and r["resume_not_loaded_steps"] == [4]
 
 
 def test_a_nan_in_one_gradient_on_one_rank_raises_and_commits_nothing_on_any_rank(ranks, exchange):
@@ -97,6 +109,9 @@ def test_a_nan_with_skip_commits_nothing_on_any_rank(ranks):
 
 def test_bfloat16_variables_train_alike_on_every_rank(ranks):
     assert ranks[0]["bf16_finite"] and ranks[0]["bf16_digest"] == ranks[1]["bf16_digest"]
+    for r in ranks:  # 3 steps moved every variable, the bfloat16 ones (w1 sketched, b1) included
+        assert r["bf16_dtypes"] == {"w1:0": "bfloat16", "b1:0": "bfloat16", "w2:0": "float32"}
+        assert all(count > 0 for count in r["bf16_moved"].values()), f"coordinates moved: {r['bf16_moved']}"
 
 
 def test_diverging_selections_and_options_fail_on_every_rank(ranks):

@@ -152,11 +152,24 @@ def test_mpi_merge_matches_horovod_merge_or_refuses_gloo_clearly(ranks, exchange
         assert all(r["mpi_comm_digest"] == r["mpi_digests"][-1] for r in of(ranks, exchange))
 
 
-@pytest.mark.parametrize("method", ["gs", "none", "fp16", "topk", "gtopk", "sketched", "powersgd"])
+METHODS = ["gs", "none", "fp16", "topk", "gtopk", "sketched", "powersgd"]
+
+
+def test_every_registered_method_is_metered_here():
+    from gs_bench.methods import METHODS as REGISTERED
+
+    assert sorted(METHODS) == sorted(REGISTERED)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_meters_count_the_bytes_handed_to_horovod(ranks, method):
-    if f"baseline_{method}" not in ranks[0]:
+    P = len(ranks)
+    if method == "gtopk" and P & (P - 1):  # the one method a rank count rules out
+        assert not any("baseline_gtopk" in r for r in ranks), "gTop-k ran on a rank count not a power of two"
         pytest.skip("gTop-k runs on a power of two ranks")
     for r in ranks:
+        recorded = sorted(key for key in r if key.startswith("baseline_"))
+        assert f"baseline_{method}" in r, f"rank {r['rank']} recorded no baseline_{method}, only {recorded}"
         b = r[f"baseline_{method}"]
         assert b["finite"]
         if method == "gs":

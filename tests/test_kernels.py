@@ -280,24 +280,60 @@ def test_heavy_hitters_lower_the_threshold_when_too_few_survive(backend, monkeyp
 
 @pytest.mark.parametrize("backend", ["numba", "cuda"])
 def test_heavy_hitters_raise_the_threshold_when_too_many_survive(backend, monkeypatch):
-    # a zero first threshold admits everything: buffers overflow and the threshold is raised
+    # a zero first threshold admits every coordinate: more survivors than the buffer of
+    # cap = count + max(count // 2, 1024) holds, so the scan must raise its threshold (Numba CPU:
+    # each worker compacts its buffer to the count best and goes on above the count-th; CUDA:
+    # a rescan above the count-th it buffered) and still return the reference set
     length, keys, rows = (1500 if backend == "cuda" else 50_000), hash_keys(6), 3
     table = planted_table(rows, 40, length, keys, 0, seed=9)
     module = numba_cpu if backend == "numba" else torch_ops
     zero_thresholds = []
+    scans: list[dict] = []  # per scan: its (lowest) threshold, what it kept, its buffer's size
 
     def zero_threshold(cells, *args):
         zero_thresholds.append(cells)
         return cells  # the last cell of the sample: threshold 0, every coordinate survives
 
     monkeypatch.setattr(module, "first_threshold_rank", zero_threshold)
+    if backend == "numba":
+        original_scan = numba_cpu._scan
+
+        def scan(table, key, offset, length, count, thr, workers, cap):
+            bidx, best, counts = original_scan(table, key, offset, length, count, thr, workers, cap)
+            scans.append({"threshold": float(thr), "kept": int(counts.sum()), "fullest": int(counts.max()),
+                          "share": length // workers, "cap": cap})
+            return bidx, best, counts
+
+        monkeypatch.setattr(numba_cpu, "_scan", scan)
+    else:
+        original_cuda_scan = numba_cuda.scan
+
+        def scan(table, keys, offset, length, lo, hi, out_idx, out_est, counter):
+            original_cuda_scan(table, keys, offset, length, lo, hi, out_idx, out_est, counter)
+            found = counter.copy_to_host() if hasattr(counter, "copy_to_host") else counter  # simulator: NumPy
+            scans.append({"threshold": float(lo), "found": int(found[0]), "cap": out_idx.shape[0]})
+
+        monkeypatch.setattr(numba_cuda, "scan", scan)
     for count in (1, 30, 200):
         zero_thresholds.clear()
+        scans.clear()
         check_heavy_hitters(backend, table, keys, length, count, 0)
-        # the scan started at T = 0 (the patched rank was used), where all `length` coordinates
-        # survive: more than the kernel's buffer holds, so it had to raise its threshold to be right
         assert zero_thresholds, "the zero first threshold was not used"
-        assert length > count + max(count // 2, 1024) or backend == "cuda"
+        cap = count + max(count // 2, 1024)
+        first = scans[0] if scans else {}
+        assert first.get("threshold") == 0.0 and first["cap"] == cap, f"count {count}: {scans}"
+        if backend == "numba":
+            # every coordinate reaches T = 0 and each worker's share is more than its buffer
+            # holds, yet no buffer went past cap: the workers raised their thresholds and
+            # dropped the survivors below them, in the one scan
+            assert first["share"] > cap, f"count {count}: a worker's share fits its buffer: {scans}"
+            assert first["fullest"] <= cap and first["kept"] < length, f"count {count}: {scans}"
+            assert len(scans) == 1, f"count {count}: {scans}"
+        else:
+            # the scan at T = 0 found every coordinate, more than its buffer holds; every later
+            # scan ran above a raised threshold
+            assert first["found"] == length > cap, f"count {count}: {scans}"
+            assert len(scans) >= 2 and all(s["threshold"] > 0.0 for s in scans[1:]), f"count {count}: {scans}"
 
 
 def test_heavy_hitters_ties_and_a_zero_table():

@@ -54,11 +54,12 @@ def test_selection_checksum_passes_when_equal(ranks, exchange):
         assert r["check_every_clean_error"] is None
 
 
-def test_selection_checksum_fails_everywhere_when_not(job):
-    for r in job:
-        assert r["sketch"]["check_every_error"] == ("step 0: GsSketch: ranks selected different coordinates at "
-                                                    "step 0 (checked because check_every is set); their models are "
-                                                    "diverging")
+def test_selection_checksum_fails_everywhere_when_not(ranks, exchange):
+    # rank 1's selection planted one coordinate off at every step (tests/workers/torch_reliability.py)
+    for r in ranks:
+        assert r["check_every_error"] == ("step 0: GsSketch: ranks selected different coordinates at "
+                                          "step 0 (checked because check_every is set); their models are "
+                                          "diverging")
 
 
 def test_zero_d_empty_and_fp16_parameters_train(ranks, exchange):
@@ -67,6 +68,13 @@ def test_zero_d_empty_and_fp16_parameters_train(ranks, exchange):
         assert r["odd_steps"] == {"o.scale": 3, "o.fc.weight": 3, "o.fc.bias": 3, "o.bias16": 3}
         assert r["odd_dtypes"]["bias16"] == "torch.float16(10,)" and r["odd_dtypes"]["scale"] == "torch.float32()"
         assert r["odd_dtypes"]["empty"] == "torch.float32(0, 3)"
+        # they trained: every non-empty parameter moved from its initial value, nothing became
+        # NaN/Inf; k = ⌈0.5 · 661⌉ = 331 coordinates a step are applied, at most 21 of them
+        # outside fc.weight
+        moved = r["odd_moved"]
+        assert moved["empty"] == 0 and r["odd_finite"]
+        assert all(moved[n] > 0 for n in ("scale", "fc.weight", "fc.bias", "bias16")), moved
+        assert moved["fc.weight"] >= 331 - 21, moved
     assert ranks[0]["odd_digest"] == ranks[1]["odd_digest"]
 
 

@@ -1,6 +1,7 @@
 """``scripts/bench/report.py``: the docs' generated blocks match their data files, a changed data
-file makes ``--check`` fail until the blocks are rewritten; and ``bench_convergence.gs_vs_best``
-picks and interpolates on hand-made curves."""
+file makes ``--check`` fail until the blocks are rewritten, appended runs that repeat a setting
+and seed count once (the latest run) and the report says which it used; and
+``bench_convergence.gs_vs_best`` picks and interpolates on hand-made curves."""
 
 from __future__ import annotations
 
@@ -60,6 +61,61 @@ def test_a_block_without_a_generator_or_data_is_an_error(copy: Path, capsys: pyt
     out = capsys.readouterr().out
     assert "block 'no.such.block' has no generator" in out
     assert "block 'projection.table': FileNotFoundError" in out
+
+
+def tta_row(method: str, seed: int, seconds: float, **fields: object) -> dict:
+    """A bench_time_to_accuracy.py row (the CNN, P = 2, 1 Gbit/s) that reached its target at ``seconds``."""
+    return {"workload": "cnn", "ranks": 2, "rate": "1gbit", "method": method, "repeat": seed, "seed": seed,
+            "metric": "accuracy", "history": [{"seconds": seconds, "accuracy": 0.99}], "bytes_per_step": 100.0,
+            **fields}
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_time_to_accuracy_takes_the_latest_run_of_a_setting_and_seed(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Two appended runs of gs seed 0: the later run id is used though its row comes first, and
+    stderr names it and the one dropped; a row without run_id is older than any with one (topk
+    seed 0), and of two without, the later line is used (topk seed 1). One repeat per seed."""
+    old, new = "20250101T000000Z-aaaaaa", "20250301T000000Z-bbbbbb"
+    write_jsonl(tmp_path / "time_to_accuracy.jsonl", [
+        tta_row("gs", 0, 20.0, run_id=new), tta_row("gs", 0, 10.0, run_id=old), tta_row("gs", 1, 30.0, run_id=old),
+        tta_row("topk", 0, 7.0, run_id=old), tta_row("topk", 0, 3.0),
+        tta_row("topk", 1, 100.0), tta_row("topk", 1, 9.0)])
+    assert report.generator("tta.cnn.2.1gbit.gs")(tmp_path) == "25.0 ± 7.1 s"  # seeds 0 (20 s) and 1 (30 s)
+    assert report.generator("tta.cnn.2.1gbit.topk")(tmp_path) == "8.0 ± 1.4 s"  # 7 s and 9 s
+    assert "| cnn (accuracy 0.93) | 2 | 1gbit | gs | 100 | 2/2 | 25.0 ± 7.1 |" in report.generator(
+        "time_to_accuracy")(tmp_path)
+    err = capsys.readouterr().err
+    data = tmp_path / "time_to_accuracy.jsonl"
+    assert (f"2 runs of cnn P=2 1gbit gs seed 0: using the latest, run {new} ({data}:1); "
+            f"dropping run {old} ({data}:2)") in err
+    assert f"2 runs of cnn P=2 1gbit topk seed 0: using the latest, run {old} ({data}:4); dropping {data}:5" in err
+    assert f"topk seed 1: using the latest, {data}:7 (no run_id); dropping {data}:6 (no run_id)" in err
+    assert "gs seed 1" not in err
+
+
+def test_recovery_figures_take_the_latest_run_of_a_setting_and_seed(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/recovery_sparse.jsonl with gTop-k (global) at P = 16 run twice (bench_recovery.py
+    --append): the figure is the later run's, and stderr says so; P = 4's single run is as it was."""
+    def gtopk(P: int, mass: float, **fields: object) -> dict:
+        return {"task": "digits MLP 1.28M", "P": P, "ratio": 0.001, "steps": 20, "method": "gTop-k (global)",
+                "scope": "global", "mass": mass, "mass_steps": [mass], "loss": [2.0], "wire": 1000.0 * P,
+                "payload": 500.0, "seconds": 1.0, **fields}
+
+    write_jsonl(tmp_path / "recovery_sparse.jsonl", [
+        gtopk(16, 0.5, run_id="20250101T000000Z-aaaaaa", code="abc1234"), gtopk(4, 0.9),
+        gtopk(16, 0.75, run_id="20250102T000000Z-bbbbbb", code="def5678")])
+    assert report.generator("rs.mass.16.gtopk")(tmp_path) == "0.750"
+    assert report.generator("rs.kb.16.gtopk")(tmp_path) == "16.0"
+    assert report.generator("rs.mass.4.gtopk")(tmp_path) == "0.900"
+    err = capsys.readouterr().err
+    assert ("2 runs of digits MLP 1.28M P=16 ratio=0.001 seed 0 gTop-k (global): using the latest, "
+            "run 20250102T000000Z-bbbbbb") in err
+    assert "dropping run 20250101T000000Z-aaaaaa" in err and "P=4" not in err
 
 
 def run(wire_per_step: float, values: list[float], metric: str = "accuracy", steps: int = 10) -> dict:

@@ -102,3 +102,22 @@ def test_the_kernels_take_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
         torch.set_num_threads(before_torch)
         numba.set_num_threads(before_numba)
         threads.reset()
+
+
+def test_the_engine_step_runs_at_the_ranks_share_and_restores_torchs_count(monkeypatch):
+    import torch
+
+    from gs_horovod import threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(4)
+        monkeypatch.setattr(threads, "_FACTS", {"cpus": 4, "ranks_on_node": 2, "env": {}})
+        with threads.engine_share() as inside:
+            assert inside == torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 4
+        torch.set_num_threads(1)  # below the share: left as it is
+        with threads.engine_share() as inside:
+            assert inside == torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -83,3 +83,6 @@ def test_method_flags_go_to_gs_or_to_the_baseline_with_the_ratio_only_where_k_is
     assert tta.method_args("gs:exchange=sketch", 0.01)[1] == ["--compression", "gs", "--gs", "exchange=sketch",
                                                              "--ratio", "0.01"]
     assert tta.method_args("powersgd:rank=1", 0.01)[1] == ["--compression", "powersgd", "--opt", "rank=1"]
+    assert tta.method_args("gs", 0.01)[1] == ["--compression", "gs"], "the defaults got a ratio"
+    assert tta.method_args("gs:ratio=0.01", 0.02)[1] == ["--compression", "gs", "--gs", "ratio=0.01"]
+    assert tta.method_args("topk", 0.02)[1] == ["--compression", "topk", "--ratio", "0.02"]

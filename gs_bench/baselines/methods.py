@@ -192,13 +192,18 @@ class PowerSGD(Reducer):
     n×m matrix M (first dimension × the rest); P = M·Q, allreduce-mean P, orthonormalise
     (QR); Q = Mᵀ·P, allreduce-mean Q; the update is P·Qᵀ and this rank's sent part P·(Mᵀ·P)ᵀ.
     Matrices that would not shrink (min(n, m) ≤ r, e.g. 1-D tensors) are averaged uncompressed
-    in one allreduce. It takes no ``ratio`` or ``scope``: the rank sets the size, per matrix."""
+    in one allreduce. It takes no ``ratio`` or ``scope``: the rank sets the size, per matrix.
+    ``start_iter``: steps averaged uncompressed first (no error feedback), as torch's
+    ``start_powerSGD_iter``."""
 
-    def __init__(self, rank: int = 4, min_size: int = 1024, backend: str = "auto", seed: int = 0) -> None:
+    def __init__(self, rank: int = 4, min_size: int = 1024, backend: str = "auto", seed: int = 0,
+                 start_iter: int = 0) -> None:
         super().__init__(1.0, "layer", min_size, backend)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an int >= 1, got {rank!r}")
-        self.rank, self.seed = rank, seed
+        if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 0:
+            raise ValueError(f"start_iter must be an int >= 0, got {start_iter!r}")
+        self.rank, self.seed, self.start_iter, self.steps = rank, seed, start_iter, 0
         self.qs: dict[str, torch.Tensor] = {}
 
     @staticmethod
@@ -209,6 +214,11 @@ class PowerSGD(Reducer):
     def _reduce(self, names: list[str], a: torch.Tensor, spans: list[Span], update: torch.Tensor,
                   comm: Collectives) -> None:
         P = comm.size
+        self.steps += 1
+        if self.steps <= self.start_iter:
+            update.copy_(comm.allreduce_sum(a, "powersgd.vanilla") / P)
+            a.zero_()
+            return
         mats, flat, start = [], [], 0
         for name in names:
             n, m = self.matrix(self.shapes[name])

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from ..kernels import BACKENDS
 from ..kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS
+from .density import DEFAULT_BUDGET
 from .exchanges import EXCHANGES
 
 NONFINITE = ("raise", "skip")
@@ -17,7 +18,7 @@ APPLY = ("topk", "all")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
 WIRES = ("fp32", "compact", "compact8")
-DEFAULT_RATIO = 0.01
+STATIC_RATIO = 0.01  # what ratio="auto" sends where the step is not measured (TensorFlow)
 
 
 def count_for(ratio: float, n: int) -> int:
@@ -51,12 +52,19 @@ class GsConfig:
 
     scope: "global" (one group of all compressed coordinates per step, k = ceil(ratio · D))
         or "layer" (one group per tensor, k = ceil(ratio · d) each).
-    ratio: fraction of coordinates applied per step, in (0, 1]; default 0.01 unless ``k`` is given.
+    ratio: fraction of coordinates applied per step, in (0, 1], or "auto" (the default, also
+        spelled None): the density follows the measured step (:mod:`gs_horovod.engine.density`:
+        dense float16 steps first, then the densest level whose exchange takes at most
+        ``budget`` times the step's compute); under TensorFlow, which traces the step once, "auto"
+        is a fixed 0.01.
     k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
+    budget: under ``ratio="auto"``, the exchange's seconds allowed per second of compute
+        (default 0.5); an error with an explicit ``ratio`` or ``k``.
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k, at least 1: cols = ceil(width · k).
     candidates: m; the exchange nominates m·k coordinates and the exact round picks k of them
-        (m > 1 needs the exact round).
+        (m > 1 needs the exact round; the exchanges that send pairs nominate from each rank's
+        top-(L·k), so m > L is an error there).
     apply: "topk" applies the k largest of the m·k exact values fetched (without the exact
         round: of the estimates); "all" applies every value delivered: all m·k exact values, or
         without the exact round every estimate (under the allgather: the whole union of the
@@ -95,6 +103,7 @@ class GsConfig:
     scope: str = "global"
     ratio: Optional[float] = None
     k: Optional[int] = None
+    budget: Optional[float] = None
     rows: int = 3
     width: float = 2.0
     candidates: int = 1
@@ -114,12 +123,20 @@ class GsConfig:
 
     def __post_init__(self) -> None:
         check_choice("scope", self.scope, SCOPES)
+        if self.ratio == "auto":
+            object.__setattr__(self, "ratio", None)
         if self.ratio is not None:
             check_number("ratio", self.ratio, float, 0.0, 1.0, low_open=True)
         if self.k is not None:
             check_number("k", self.k, int, 1, 2**62)
             if self.ratio is not None:
                 raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
+        if self.budget is not None:
+            check_number("budget", self.budget, float, 0.0, 1e6, low_open=True)
+            if not self.adaptive:
+                fixed = "k" if self.k is not None else "ratio"
+                raise ValueError(f"budget applies to ratio='auto' only, not with a fixed {fixed} "
+                                 f"(budget={self.budget})")
         check_number("rows", self.rows, int, 1, MAX_ROWS)
         check_number("width", self.width, float, 1.0, float(MAX_COLS))  # fewer columns than k: no room for k
         check_number("candidates", self.candidates, int, 1, 1024)
@@ -139,6 +156,12 @@ class GsConfig:
         if self.apply is not None:
             check_choice("apply", self.apply, APPLY)
         check_choice("exchange", self.exchange, ("auto", *EXCHANGES))
+        pairs_only = self.exchange == "auto" or EXCHANGES[self.exchange].sends_pairs
+        if pairs_only and self.prefilter and self.candidates > self.prefilter:
+            raise ValueError(f"candidates={self.candidates} exceeds prefilter={self.prefilter}: exchange="
+                             f"{self.exchange!r} nominates from each rank's top-(prefilter·k) coordinates, at most "
+                             "prefilter·k candidates; set prefilter >= candidates (or 0: every coordinate), or "
+                             "use exchange='sketch'")
         check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         check_number("min_size", self.min_size, int, 1, 2**62)
         check_number("momentum", self.momentum, float, 0.0, 1.0)
@@ -170,15 +193,27 @@ class GsConfig:
             return self.apply
         return EXCHANGES[exchange].default_apply(self.exact_for(exchange))
 
-    def k_for(self, n: int) -> int:
-        """Coordinates applied per step for a group of n coordinates."""
+    @property
+    def adaptive(self) -> bool:
+        """Whether the density follows the measured step (``ratio="auto"``)."""
+        return self.ratio is None and self.k is None
+
+    @property
+    def budget_or_default(self) -> float:
+        return DEFAULT_BUDGET if self.budget is None else self.budget
+
+    def k_for(self, n: int, level: Optional[float] = None) -> int:
+        """Coordinates applied per step for a group of n coordinates; ``level``: the fraction
+        ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`; None: 0.01)."""
         if self.k is not None:
             return self.k
-        return count_for(DEFAULT_RATIO if self.ratio is None else self.ratio, n)
+        if self.ratio is not None:
+            return count_for(self.ratio, n)
+        return count_for(STATIC_RATIO if level is None else level, n)
 
-    def cols_for(self, n: int) -> int:
+    def cols_for(self, n: int, level: Optional[float] = None) -> int:
         """Sketch columns for a group of n coordinates."""
-        return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(n))))
+        return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(n, level))))
 
     def digest(self) -> int:
         """A 62-bit digest of everything that must agree across ranks (options and hash version)."""

@@ -5,10 +5,11 @@ rule), and the bytes one rank hands to collectives."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Optional
 
 from ..transports.wire import total_wire_bytes
 from .config import GsConfig, check_choice
+from .density import DENSE
 from .exchanges import EXCHANGES
 from .exchanges.base import MAX_PAIR_COORDINATES
 from .payload import Payload, collectives_of
@@ -59,7 +60,10 @@ class Plan:
     ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
     :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.wire` kind the
     transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
-    merge="mpi"), which prices them in :meth:`collectives` and "auto".
+    merge="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
+    ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise; dense_dtype: the
+    dtype a dense step sends ("float16" at the DENSE level, else "float32": warm-up, nothing
+    to compress).
     """
 
     names: tuple[str, ...]
@@ -74,10 +78,13 @@ class Plan:
     apply: str = "topk"
     ranks: int = 1
     allreduce_kind: str = "allreduce"
+    level: Optional[float] = None
+    dense_dtype: str = "float32"
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
-              dense_sizes: tuple[int, ...] = (), *, ranks: int, allreduce_kind: str = "allreduce") -> Plan:
+              dense_sizes: tuple[int, ...] = (), *, ranks: int, allreduce_kind: str = "allreduce",
+              level: Optional[float] = None) -> Plan:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
         ``exchange="auto"`` plans the allgather and the sparse exchange, each with its exact
         round as :meth:`GsConfig.exact_for` says, and keeps the allgather while its wire bytes at
@@ -86,9 +93,16 @@ class Plan:
         :data:`UNION_WORTH` times the sparse exchange's: the rule that measured delivered mass
         per wire byte gives (docs/design.md, "Exchange by P"). The sketch never delivered more
         per byte than the sparse exchange, so "auto" picks it only for a vector too long for
-        the int32 indices of ``wire="fp32"``."""
+        the int32 indices of ``wire="fp32"``. ``level`` (``ratio="auto"`` only): the fraction of
+        each group sent; :data:`~gs_horovod.engine.density.DENSE` plans no group, every tensor
+        sent in float16."""
         check_choice("allreduce_kind", allreduce_kind, ALLREDUCE_KINDS)
+        if level is not None and not config.adaptive:
+            raise ValueError(f"a density level ({level}) is chosen under ratio='auto' only")
         offsets, total = starts_of(tuple(sizes)), sum(sizes)
+        if level == DENSE:
+            return cls(tuple(names), tuple(sizes), tuple(offsets), (), total, tuple(dense_names), tuple(dense_sizes),
+                       ranks=ranks, allreduce_kind=allreduce_kind, level=level, dense_dtype="float16")
         if config.scope == "global":
             spans = [(0, total, "all compressed tensors")] if total else []
         else:
@@ -98,9 +112,9 @@ class Plan:
             if config.k is not None and config.k > size:
                 raise ValueError(f"k={config.k} exceeds the {size} elements of {name!r} (scope={config.scope!r}); "
                                  "raise min_size above k or use ratio")
-            k = config.k_for(size)
+            k = config.k_for(size, level)
             fed = min(size, config.prefilter * k) if config.prefilter else size
-            groups.append(Group(first, size, k, config.cols_for(size), fed, min(size, config.candidates * k)))
+            groups.append(Group(first, size, k, config.cols_for(size, level), fed, min(size, config.candidates * k)))
 
         def planned(exchange: str) -> Plan:
             chosen = groups
@@ -111,7 +125,7 @@ class Plan:
                 chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
-                       allreduce_kind)
+                       allreduce_kind, level)
 
         if config.exchange != "auto":
             return planned(config.exchange)
@@ -123,7 +137,7 @@ class Plan:
 
     @classmethod
     def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int,
-              allreduce_kind: str = "allreduce") -> Plan:
+              allreduce_kind: str = "allreduce", level: Optional[float] = None) -> Plan:
         """The plan of tensors given as (name, elements) on ``ranks`` ranks whose transport runs
         allreduces as ``allreduce_kind`` (:meth:`build`): those of at least ``min_size``
         elements are compressed, the others sent exactly; each kind sorted by name. The one
@@ -132,7 +146,7 @@ class Plan:
         big = [(n, d) for n, d in named if d >= config.min_size]
         small = [(n, d) for n, d in named if d < config.min_size]
         return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
-                         tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind)
+                         tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind, level=level)
 
     @property
     def all_names(self) -> tuple[str, ...]:
@@ -155,7 +169,8 @@ class Plan:
         size, (alltoall, allgather) (:class:`~gs_horovod.engine.step.StepResult`), None for the
         planned bytes."""
         if dense or not self.groups:
-            return Payload(dense=(self.total + sum(self.dense_sizes)) * 4)
+            itemsize = 2 if self.dense_dtype == "float16" else 4
+            return Payload(dense=(self.total + sum(self.dense_sizes)) * itemsize)
         exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
         own = EXCHANGES[self.exchange].payload(self, config, measured)
         return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)

@@ -12,11 +12,16 @@ captured, not swapped for a new buffer as here. It shares the plan rule
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Callable, Optional
+
+import numpy as np
 
 from ..array_ops import Array, ArrayOps
+from ..transports.wire import total_wire_bytes
 from .config import GsConfig
+from .density import Density
 from .payload import Payload
 from .plan import Plan
 from .step import GsSgd
@@ -29,7 +34,10 @@ class CommStats:
     exchange's alltoall and threshold rounds, the exact round, dense steps and tensors), and
     steps (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip";
     ``lost_residual``: Σ e² of the residuals that ranks removed by Horovod elastic resets held
-    at their last commit (:mod:`gs_horovod.elastic`), gradient mass never applied."""
+    at their last commit (:mod:`gs_horovod.elastic`), gradient mass never applied;
+    ``density``: under ``ratio="auto"`` the fraction of D the last step sent (1.0: dense in
+    float16; :mod:`gs_horovod.engine.density`), 0 otherwise; ``density_changes``: how often
+    it changed."""
 
     sketch_bytes: int = 0
     gather_bytes: int = 0
@@ -40,11 +48,13 @@ class CommStats:
     steps: int = 0
     skipped: int = 0
     lost_residual: float = 0.0
+    density: float = 0.0
+    density_changes: int = 0
 
     @classmethod
     def counted(cls) -> list[str]:
-        """The fields a step adds to (:meth:`amounts`), all but ``lost_residual``."""
-        return [f.name for f in fields(cls) if f.name != "lost_residual"]
+        """The fields a step adds to (:meth:`amounts`)."""
+        return [f.name for f in fields(cls) if f.name not in ("lost_residual", "density", "density_changes")]
 
     @property
     def total_bytes(self) -> int:
@@ -102,10 +112,19 @@ class EngineState:
     - ``pending``: restored per-tensor state not laid out yet, name → {"residual", "momentum",
       "steps"} as saved (any device; moved when laid out).
     - ``stats``: the :class:`CommStats` this state's steps count into (the adapter's).
+    - ``density``: under ``ratio="auto"`` the :class:`~gs_horovod.engine.density.Density` that
+      picks each step's level (None otherwise); ``clock``: the seconds it measures steps with
+      (``time.perf_counter``; simulated ranks pass their modelled clock).
     """
 
-    def __init__(self, engine: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None) -> None:
+    def __init__(self, engine: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.engine, self.stats, self.sizes = engine, stats, dict(sizes or {})
+        config = engine.config
+        self.density = Density(config.budget_or_default) if config.adaptive else None
+        self.clock = clock
+        self._ended: Optional[float] = None  # the clock at the end of the last step
+        self._wires: dict[tuple[Any, ...], float] = {}
         self.plan: Optional[Plan] = None
         self.residual: Any = None
         self.momentum: Any = None
@@ -136,24 +155,58 @@ class EngineState:
     def step(self, grads: dict[str, Array]) -> dict[str, Array]:
         """One engine step over ``grads`` (name → (d,) f32); stores the new state unless the
         step was skipped; returns each tensor's update, a view of the step's flat update."""
-        config, comm = self.engine.config, self.engine.comm
+        config, comm, density = self.engine.config, self.engine.comm, self.density
         like = next(iter(grads.values()))
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
-        self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind), like)
-        plan = self.plan
+        begun = self.clock()
+        if density is not None and density.due:
+            density.decide(self._share, lambda level: self._wire(named, level))
+        level = None if density is None else density.level
+        self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level),
+                      like)
+        plan, ended, self._ended = self.plan, self._ended, None
         warm = self.steps < config.warmup_steps
-        result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
-                                  self.steps, not self.checked, [grads[n] for n in plan.dense_names])
+        started = self.clock()
+        with self.ops.own_threads():
+            result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
+                                      self.steps, not self.checked, [grads[n] for n in plan.dense_names])
         self.checked = True
+        if density is not None:
+            self.ops.wait(result.update)
+            self._ended = self.clock()
+            density.observe(None if ended is None else begun - ended, self._ended - started)
+            self.stats.density, self.stats.density_changes = density.level, density.changes
         self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), (result.routed, result.gathered))
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         ops = self.ops
         return {n: ops.slice(result.update, o, d) for n, o, d in zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
 
+    def _share(self, local: np.ndarray) -> np.ndarray:
+        """Every rank's ``local`` (n,) as (P, n) float32, the same on every rank (one allgather)."""
+        comm = self.engine.comm
+        every = comm.to_host(comm.allgather(comm.from_host(local.astype(np.float32)), "gs_horovod.density"))
+        return np.asarray(every).reshape(comm.size, -1)
+
+    def _wire(self, named: list[tuple[str, int]], level: float) -> float:
+        """Wire bytes through the busiest rank of one step of ``named`` at density ``level``."""
+        comm, config = self.engine.comm, self.engine.config
+        key = (tuple(named), level, comm.size, comm.allreduce_kind)
+        if key not in self._wires:
+            plan = Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level)
+            self._wires[key] = total_wire_bytes(plan.collectives(config), comm.size)
+        return self._wires[key]
+
+    def restart_density(self) -> None:
+        """Starts the density rule again (a change of world; every rank alike). Not collective."""
+        if self.density is not None:
+            self.density.restart()
+        self._ended, self._wires = None, {}
+
     def tensors(self) -> dict[str, dict[str, Any]]:
         """Per compressed tensor (and restored ones not laid out yet): {"residual" (d,) f32,
-        "momentum" (d,) f32 or None, "steps"}, copies."""
+        "momentum" (d,) f32 or None, "steps", and under ``ratio="auto"`` "density" (its
+        optimizer's :meth:`Density.state_dict`)}, copies."""
         return {**self.pending, **self._current()}
 
     def _current(self) -> dict[str, dict[str, Any]]:
@@ -163,18 +216,23 @@ class EngineState:
         for n, o, d in zip(self.plan.names, self.plan.offsets, self.plan.sizes):
             momentum = None if self.momentum is None else ops.copy(ops.slice(self.momentum, o, d))
             out[n] = {"residual": ops.copy(ops.slice(self.residual, o, d)), "momentum": momentum, "steps": self.steps}
+            if self.density is not None:
+                out[n]["density"] = self.density.state_dict()
         return out
 
     def restore(self, tensors: dict[str, dict[str, Any]]) -> None:
         """Takes saved per-tensor state (as :meth:`tensors` gives it, arrays of this framework on
         any device, any float dtype); sizes are checked against the known ones now, the rest
-        when laid out, where they are copied to the step's device in float32."""
+        when laid out, where they are copied to the step's device in float32. A saved density
+        (``ratio="auto"``) is taken as this state's; without one the density is kept."""
         for name, saved in tensors.items():
             residual = saved["residual"].reshape(-1)
             if name in self.sizes:
                 check_restored(name, int(residual.shape[0]), self.sizes[name])
             momentum = None if saved["momentum"] is None else saved["momentum"].reshape(-1)
             self.pending[name] = {"residual": residual, "momentum": momentum, "steps": int(saved["steps"])}
+            if self.density is not None and saved.get("density") is not None:
+                self.density = Density.from_state(saved["density"], self.engine.config.budget_or_default)
         if self.plan is not None:  # laid out again: the restored tensors over the current ones
             plan, self.pending = self.plan, {**self._current(), **self.pending}
             self.plan = None
@@ -183,9 +241,10 @@ class EngineState:
     def roll_back(self, tensors: dict[str, dict[str, Any]]) -> None:
         """Replaces every residual, momentum and the step count with ``tensors`` (as
         :meth:`tensors` gave them): tensors absent from it start from zero, and with none the
-        steps are 0. Not collective."""
+        steps are 0; a density absent from it starts again. Not collective."""
         self.plan, self.residual, self.momentum, self.steps, self.pending = None, None, None, 0, {}
         self.grads, self.updates = {}, None
+        self.restart_density()
         self.restore(tensors)
 
     def _lay_out(self, plan: Plan, like: Array) -> None:

@@ -25,7 +25,8 @@ coordinates of I_t it fed the exchange (I_t ∩ F_t); under the allgather with `
 C_t is the whole union (so every rank drops all of F_t: top-k allgather). With the exact
 round Σ_ranks e_t + P · Δ_t = Σ_ranks a_t exactly: nothing is lost, only delayed.
 
-During the first ``warmup_steps`` steps a_t itself is averaged (dense) and e_t = 0. A merged
+During the first ``warmup_steps`` steps, and at the DENSE level of ``ratio="auto"`` (in
+float16, :mod:`gs_horovod.engine.density`), a_t itself is averaged and e_t = 0. A merged
 payload with NaN/Inf means some rank's a_t was not finite (the pre-filter ranks NaN/Inf as the
 largest magnitudes, so they always reach the exchange): ``nonfinite="raise"`` raises on every
 rank naming the tensors, ``"skip"`` returns zero updates; either way nothing is committed.
@@ -139,11 +140,14 @@ class GsSgd:
             f"this rank has {self.config} with hash version {HASH_VERSION}"])
 
     def _dense(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
-        """Warm-up (and steps with nothing to compress): everything averaged as it is; residual
-        and momentum restart at zero."""
+        """Warm-up, steps with nothing to compress and the DENSE density level: everything
+        averaged in ``plan.dense_dtype``; residual and momentum restart at zero."""
         ops = self.ops
         full = ops.concat([x for x in (acc.a, acc.dense) if x is not None])
-        mean = self.comm.allreduce(full, "gs_horovod.dense")
+        if plan.dense_dtype == "float32":
+            mean = self.comm.allreduce(full, "gs_horovod.dense")
+        else:
+            mean = ops.cast(self.comm.allreduce(ops.cast(full, plan.dense_dtype), "gs_horovod.dense"), "float32")
         finite = ops.all_finite(mean)
         checks = [*checks, self._fail_unless_finite(plan, finite, acc, prior.steps)]
         zeros = ops.zeros((plan.total,), full)
@@ -242,8 +246,10 @@ class GsSgd:
             parts += [(acc.dense, o, d) for o, d in zip(starts_of(plan.dense_sizes), plan.dense_sizes)]
             flags = [ops.not_finite(ops.slice(x, o, d)) for x, o, d in parts]
             anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
+            overflow = (" (or, at the dense float16 level of ratio='auto', overflowed float16: a value above "
+                        "65504; give a fixed ratio to send pairs)") if plan.dense_dtype == "float16" else ""
             return ["GsSketch: the gradient of ", ops.join_names(plan.all_names, anywhere),
-                    " is NaN or infinite on at least one rank at step ", steps,
+                    " is NaN or infinite on at least one rank at step ", steps, overflow,
                     "; residuals are left as before the step. GsSketch(nonfinite='skip') skips such steps instead."]
 
         return ops.fail_unless(finite, FloatingPointError, message)

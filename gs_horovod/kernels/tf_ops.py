@@ -18,7 +18,8 @@ int32 keys of |x| and a tie fix by index.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+from typing import Any, Callable, ContextManager, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -124,6 +125,13 @@ class TfOps:
     def moved(self, x: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
         with tf.device(like.device):
             return tf.identity(tf.cast(x, tf.float32))
+
+    def own_threads(self) -> ContextManager[None]:
+        """TensorFlow's thread pools are fixed at start-up."""
+        return contextlib.nullcontext()
+
+    def wait(self, x: tf.Tensor) -> None:
+        """Eager TensorFlow returns computed tensors; a traced graph is not timed."""
 
     def concat(self, xs: list[tf.Tensor]) -> tf.Tensor:
         return xs[0] if len(xs) == 1 else tf.concat(xs, 0)

@@ -24,7 +24,7 @@ candidates in torch ops. ``"auto"`` picks ``"numba"`` for CPU tensors, ``"cuda"`
 from __future__ import annotations
 
 import zlib
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import numpy as np
 import torch
@@ -290,6 +290,13 @@ class TorchOps:
 
     def moved(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return x.to(like.device, torch.float32, copy=True)
+
+    def own_threads(self) -> ContextManager[int]:
+        return threads.engine_share()
+
+    def wait(self, x: torch.Tensor) -> None:
+        if x.is_cuda:
+            torch.cuda.synchronize(x.device)
 
     def concat(self, xs: list[torch.Tensor]) -> torch.Tensor:
         return xs[0] if len(xs) == 1 else torch.cat(xs)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 import torch
 
-from .wire import Traffic, wire_bytes
+from .wire import Traffic, rounds, wire_bytes
 
 T = TypeVar("T")
 
@@ -34,12 +34,16 @@ class SimulatedRanks:
     order, re-raising the first rank's exception. ``comms[r]``: rank r's :class:`SimulatedComm`,
     the same in every run (its traffic accumulates over runs, so an engine built on it once
     serves every step); ``compute_seconds[r]``: the time rank r held the turn (its computation
-    outside collectives), accumulated over runs."""
+    outside collectives), accumulated over runs. ``link``: (latency seconds, bytes per second)
+    of the modelled link, which :meth:`SimulatedComm.clock` charges each collective on (None:
+    collectives take no time)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, link: Optional[tuple[float, float]] = None) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
-        self.size = size
+        if link is not None and (link[0] < 0 or link[1] <= 0):
+            raise ValueError(f"link must be (latency >= 0 s, bandwidth > 0 bytes/s), got {link}")
+        self.size, self.link = size, link
         self.compute_seconds = [0.0] * size
         self._cv = threading.Condition()
         self._turn = 0
@@ -120,6 +124,24 @@ class SimulatedComm:
         self.traffic = Traffic(group.size)
         self.names: list[str] = []
         self.started = 0.0  # when this rank's current stretch of compute began
+        self.link_seconds = 0.0  # the modelled link's seconds of every collective so far
+
+    def clock(self) -> float:
+        """This rank's modelled seconds: its own compute (the turn held, this stretch included)
+        plus the link's seconds of its collectives: each round of a collective
+        (:func:`~gs_horovod.transports.wire.rounds`) costs latency + bytes / bandwidth."""
+        return self.group.compute_seconds[self.rank] + time.perf_counter() - self.started + self.link_seconds
+
+    def _count(self, kind: str, nbytes: float, wire: Optional[float] = None) -> None:
+        """Counts one collective into ``traffic`` and, on a modelled link, into ``link_seconds``
+        (a measured ``wire`` scales the rounds' bytes as uneven loads do)."""
+        self.traffic.add(kind, nbytes, wire)
+        if self.group.link is not None:
+            latency, bandwidth = self.group.link
+            each = rounds(kind, nbytes, self.size)
+            even = wire_bytes(kind, nbytes, self.size)
+            scale = wire / even if wire is not None and even > 0 else 1.0
+            self.link_seconds += latency * len(each) + sum(each) * scale / bandwidth
 
     def _all(self, x: torch.Tensor, name: str) -> list[torch.Tensor]:
         self.group.compute_seconds[self.rank] += time.perf_counter() - self.started
@@ -141,7 +163,7 @@ class SimulatedComm:
         """The engine's collective: x (n,) f32 or f16, a torch or TensorFlow array, averaged over
         ranks in f32 (as Horovod's Average), returned in x's dtype and framework."""
         t, back = _as_torch(x)
-        self.traffic.add("allreduce", t.numel() * t.element_size())
+        self._count("allreduce", t.numel() * t.element_size())
         parts = self._all(t, name)
         return self._resume(back((self._sum([p.float() for p in parts]) / self.size).to(t.dtype)))
 
@@ -160,13 +182,13 @@ class SimulatedComm:
         t, back = _as_torch(x)
         parts = self._all(t, name)
         mean = sum(p.numel() * p.element_size() for p in parts) / self.size
-        self.traffic.add("allgather", t.numel() * t.element_size(), wire=wire_bytes("allgather", mean, self.size))
+        self._count("allgather", t.numel() * t.element_size(), wire=wire_bytes("allgather", mean, self.size))
         return self._resume(back(torch.cat(parts)))
 
     def allreduce_sum(self, x: Any, name: str) -> Any:
         """x (n,) summed over ranks in rank order, in x's dtype (integer counts: exactly)."""
         t, back = _as_torch(x)
-        self.traffic.add("allreduce", t.numel() * t.element_size())
+        self._count("allreduce", t.numel() * t.element_size())
         return self._resume(back(self._sum(self._all(t, name))))
 
     def alltoall(self, x: Any, splits: Any, name: str, kind: str = "alltoall") -> tuple[Any, Any]:
@@ -181,14 +203,14 @@ class SimulatedComm:
         table = torch.stack([s for _, s in deposited])  # [sender, receiver]: elements
         own = table.diagonal()
         load = (table.sum(1) - own + table.sum(0) - own) * t.element_size()
-        self.traffic.add(kind, t.numel() * t.element_size(), wire=float(load.max()))
+        self._count(kind, t.numel() * t.element_size(), wire=float(load.max()))
         starts = table.cumsum(1) - table
         mine = [part[int(starts[r, self.rank]):int(starts[r, self.rank] + table[r, self.rank])]
                 for r, (part, _) in enumerate(deposited)]
         return self._resume((back(torch.cat(mine)), back(table[:, self.rank].to(torch.int32))))
 
     def broadcast(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        self.traffic.add("broadcast", x.numel() * x.element_size())
+        self._count("broadcast", x.numel() * x.element_size())
         return self._resume(self._all(x, name)[0])
 
     def from_host(self, x: np.ndarray) -> torch.Tensor:

@@ -3,6 +3,7 @@ gs-SGD engine and baselines on P ranks simulated in one process, over real train
 
     python scripts/bench/bench_recovery.py --quick                        # P = 16, 1.28M MLP, ratio 0.001, 20 steps
     python scripts/bench/bench_recovery.py --run a --ranks 16 --out R.jsonl    # one part of the full study
+    python scripts/bench/bench_recovery.py --run a --ranks 64 --out R.jsonl --append    # another, into the same file
     python scripts/bench/bench_recovery.py --report R.jsonl --plot docs/recovery.png
     python scripts/bench/bench_recovery.py --report R.jsonl --markdown T.md    # + the per-exchange table
     python scripts/bench/bench_recovery.py --run b,d --ranks 2,4,8,16 --ratios 0.001 --steps 20 \
@@ -59,6 +60,12 @@ have k = 51), 20 steps, every baseline and the 5 gs settings of ``gs_grid("excha
 13 methods, about 2 minutes of wall time on 2 shared cores (about 80 s of CPU). It ends with
 ``defaults_vs_gtopk P=16 delivered_mass_ratio <x> wire_bytes_ratio <y>``: gs at its defaults
 against gTop-k over all weights ("gtopk-global"), mass and wire bytes per rank per step.
+
+``--out`` appends a record per method as it finishes; an existing file is refused (exit 1,
+nothing run) unless ``--append`` is given, and every record written carries ``run_id`` (one per
+invocation) and ``code`` (the commit), :mod:`gs_bench.runs`. Readers (``--report``, ``--rule``,
+:func:`read_records`) keep one record per setting and seed: the latest run's, saying on stderr
+which they used where runs repeat one (a record without ``run_id`` is an older run of its own).
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ import torch
 import torch.nn.functional as F
 
 from gs_bench.methods import METHODS
+from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, read_jsonl, stamp
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan, count_for
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
@@ -486,10 +494,11 @@ def gs_grid(level: str) -> Iterator[GsConfig]:
     yield OLD_DEFAULTS
 
 
-def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], baselines: str = "all") -> list[dict]:
+def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], baselines: str = "all",
+        run_fields: Optional[dict[str, Any]] = None) -> list[dict]:
     """The baselines ("all", "core": dense and both gTop-k, "none", or a comma-separated list of
     dense, exact and the keys of BASELINES), then the gs grid, on one task; one record per
-    method, appended to ``out`` as it finishes."""
+    method, appended to ``out`` as it finishes with ``run_fields`` (:func:`gs_bench.runs.stamp`)."""
     P, shapes = task.ranks, task.shapes
     keys = {"all": ["dense", "exact", *BASELINES], "core": ["dense", "gtopk", "gtopk-global"], "none": []}
     makers: list[Callable[[], Method]] = [
@@ -499,14 +508,13 @@ def run(task: Task, ratio: float, steps: int, level: str, out: Optional[str], ba
     makers += [lambda cfg=cfg: gs_method(cfg, P, shapes, ratio) for cfg in dict.fromkeys(gs_grid(level))]
     records = []
     for make in makers:
-        rec = simulate(task, make(), steps, ratio)
+        rec = {**simulate(task, make(), steps, ratio), **(run_fields or {})}
         records.append(rec)
         wire = "–" if rec["wire"] is None else f"{rec['wire'] / 1e3:.1f} kB"
         print(f"{rec['task']} P={P} ratio={ratio} {rec['method']} {rec.get('label', '')}: mass {rec['mass']:.3f} "
               f"wire {wire} loss {rec['loss'][-1]:.3f} ({rec['seconds']:.1f} s)", flush=True)
         if out:
-            with open(out, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_line(out, rec)
     return records
 
 
@@ -700,14 +708,10 @@ def exchange_markdown(records: list[dict]) -> str:
 
 def report(paths: list[str], plot: Optional[str], loss_plot: Optional[str] = None,
            markdown: Optional[str] = None) -> None:
-    """:func:`tables` of the records in ``paths`` (a record read again, same task, ratio, P,
-    method and settings, replaces the earlier one), the plots asked for, and
+    """:func:`tables` of the records in ``paths`` (one per setting and seed: :func:`read_records`),
+    the plots asked for, and
     :func:`exchange_markdown` written to ``markdown``."""
-    unique: dict[tuple, dict] = {}
-    for line in (line for p in paths for line in open(p) if line.strip()):
-        r = json.loads(line)
-        unique[(r["task"], r["ratio"], r["P"], r.get("seed", 0), r["method"], r.get("label"), r.get("scope"))] = r
-    records = list(unique.values())
+    records = read_records(paths)
     groups = tables(records)
     if markdown:
         with open(markdown, "w") as f:
@@ -766,8 +770,26 @@ def rule_markdown(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+RESULT_FIELDS = frozenset({"mass", "mass_steps", "loss", "wire", "payload", "seconds", "exchange_used", "auto_picks",
+                           "wire_over_even", "worst_over_even", "run_id", "code"})
+"""A record's fields that a run measured (or stamped); every other field is its setting."""
+
+
+def setting_of(r: dict) -> str:
+    """What a record measured: every field but :data:`RESULT_FIELDS`, the seed (0 if absent) included."""
+    return json.dumps({**{k: v for k, v in r.items() if k not in RESULT_FIELDS}, "seed": r.get("seed", 0)},
+                      sort_keys=True)
+
+
 def read_records(paths: list[str]) -> list[dict]:
-    return [json.loads(line) for p in paths for line in open(p) if line.strip()]
+    """The records of ``paths``, one per :func:`setting_of`: where runs repeat a setting and seed,
+    the latest run's (:func:`gs_bench.runs.latest_runs`, which says on stderr which it used), in
+    the place of the setting's first record."""
+    def describe(r: dict) -> str:
+        return f"{r['task']} P={r['P']} ratio={r['ratio']} seed {r.get('seed', 0)} {r['method']} {r.get('label', '')}"
+
+    records, where = read_jsonl(paths)
+    return latest_runs(records, setting_of, where, lambda r: describe(r).rstrip())
 
 
 TASKS = ("a", "b", "c", "d")
@@ -792,7 +814,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch (and Numba) threads")
     p.add_argument("--planted-d", type=int, default=2 ** 16, help="(c): D")
     p.add_argument("--baselines", default="all", help="all, core, none or a list (see run())")
-    p.add_argument("--out", help="append one JSON record per method to this file")
+    add_out_flags(p, "one JSON record per method")
     p.add_argument("--report", nargs="+", help="JSONL files to tabulate")
     p.add_argument("--plot", help="with --report: PNG of mass against bytes")
     p.add_argument("--markdown", help="with --report: write the per-exchange markdown table here")
@@ -808,6 +830,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.quick or args.run:
+        check_out(args.out, args.append)
+    run_fields = stamp() if args.out else None
     torch.set_num_threads(args.threads)
     steps = args.steps if args.steps is not None else 20 if args.quick else 40
     if args.report:
@@ -820,7 +845,7 @@ def main(argv: list[str] | None = None) -> None:
         P = int(args.ranks or 16)
         t0 = time.process_time()
         task = DigitsTask("digits MLP 1.28M", 1536, P, args.batch)
-        records = run(task, 0.001, steps, "exchanges", args.out, args.baselines)
+        records = run(task, 0.001, steps, "exchanges", args.out, args.baselines, run_fields)
         tables(records)
         mass, wire = compare(records, P)
         print(f"\n({time.process_time() - t0:.0f} s of CPU)")
@@ -840,7 +865,7 @@ def main(argv: list[str] | None = None) -> None:
                         task = CnnTask(ranks, args.batch, seed)
                     else:
                         task = PlantedTask(ranks, args.planted_d, ratio)
-                    run(task, ratio, steps, args.grid, args.out, args.baselines)
+                    run(task, ratio, steps, args.grid, args.out, args.baselines, run_fields)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ while the .sh reshapes the links), each ``--warmup`` untimed then ``--steps`` ti
 Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``options``,
 ``variant`` as ``scripts/bench/cost_model.py`` parses it), ``label`` (the link setting) and
 ``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
-(``[kind, payload bytes]``, :mod:`gs_horovod.transports.wire`'s kinds) from the method's meter.
+(``[kind, payload bytes]``, :mod:`gs_horovod.transports.wire`'s kinds) from the method's meter,
+``run_id`` (``--run-id``: the .sh gives one per study) and ``code`` (the commit). An existing
+``--out`` is refused unless ``--append`` is given (the .sh passes it to every launch of a study).
 
 The full run (the headline variants; 3 repeats × 20 timed steps per cell; estimated 22 min on
 the idle 2-core VM, 18–30 min given the estimate's spread: it adds up CPU times per launch and
@@ -47,6 +49,7 @@ import torch.nn.functional as F
 
 from gs_bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
 from gs_bench.methods import METHODS
+from gs_bench.runs import add_out_flags, check_out, stamp
 from gs_bench.variants import variant_word
 from gs_bench.workloads import LstmLM, stdlib_text, text_batch
 
@@ -78,13 +81,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="one phase per link setting, in order (e.g. local 100mbit 1gbit); a JSON line each")
     p.add_argument("--sync", type=Path, help="directory for the ready/go handshake with bench_throughput.sh")
     p.add_argument("--repeat", type=int, default=1, help="which repeat of the matrix this launch belongs to")
-    p.add_argument("--out")
+    add_out_flags(p, "one JSON line per phase", run_id=True)
     args = p.parse_args(argv)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_out(args.out, args.append)
+    run_fields = stamp(args.run_id)
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
                "hidden": args.hidden, "params": sum(q.numel() for _, q in named), "warmup": args.warmup,
                "steps": args.steps, "seconds": seconds, "steps_per_s": args.steps / seconds,
                "bytes_per_step": payload, "wire_bytes_per_step": wire,
-               "collectives": [list(c) for c in meter.collectives()]}
+               "collectives": [list(c) for c in meter.collectives()], **run_fields}
         append_jsonl(args.out, row)
 
 

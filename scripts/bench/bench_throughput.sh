@@ -15,7 +15,9 @@
 # one per repeat, as ONE launch with a phase per link setting: unshaped first (the cost
 # model's compute calibration), then each RATE; between phases the launch waits while this
 # script reshapes the links (a ready/go file handshake, bench_throughput.py --sync). mpirun
-# uses TCP only (no shared-memory shortcut). Rank 0 appends a JSON line per phase to OUT.
+# uses TCP only (no shared-memory shortcut). Rank 0 appends a JSON line per phase to OUT, each
+# with the study's run_id (one per invocation of this script). An existing OUT is refused unless
+# --append is among the extra args (then the study's rows go after the rows already there).
 # The documented full run and its time: scripts/bench/bench_throughput.py.
 # Root only (shaped.sh); it runs itself inside one shaped.sh session of max(RANKS) ranks.
 set -euo pipefail
@@ -27,6 +29,12 @@ RANKS="${4:-2 4}"; REPEATS="${5:-3}"
 shift 5 || shift $#
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "REPEATS must be a positive integer, got '$REPEATS'" >&2; exit 2; }
 RATIO="${RATIO:-0.001}"
+APPEND=0
+for arg in "$@"; do if [[ $arg == --append ]]; then APPEND=1; fi; done
+if [[ $APPEND == 0 && -e $OUT ]]; then
+  echo "$OUT exists: pass --append (after REPEATS) to add this study's rows to it, or choose another OUT" >&2
+  exit 2
+fi
 read -ra VARIANT_LIST <<<"$VARIANTS"
 N=$(tr ' ' '\n' <<<"$RANKS" | sort -n | tail -1)
 if [[ -z ${SHAPED_RANKS:-} ]]; then
@@ -34,6 +42,7 @@ if [[ -z ${SHAPED_RANKS:-} ]]; then
 fi
 ((SHAPED_RANKS >= N)) || { echo "inside a shaped.sh session of $SHAPED_RANKS ranks, $N needed" >&2; exit 2; }
 PY="${GS_VENV:-$ROOT/.venv}/bin/python"
+RUN_ID="$(date -u +%Y%m%dT%H%M%SZ)-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')"  # every row of this study
 SYNC="$(mktemp -d /tmp/gs_bench_sync.XXXXXX)"  # the phases' ready/go handshake
 trap 'rm -rf "$SYNC"' EXIT
 
@@ -82,14 +91,14 @@ for rep in $(seq 1 "$REPEATS"); do
   for rate in local $RATES; do
     shaped_rate "$rate"
     echo "[bench_throughput] repeat $rep/$REPEATS, $rate: ping-pong (${SECONDS} s)" >&2
-    run 2 "$ROOT/scripts/bench/pingpong.py" --label "$rate" --out "$OUT"
+    run 2 "$ROOT/scripts/bench/pingpong.py" --label "$rate" --out "$OUT" --append --run-id "$RUN_ID"
   done
   for np in $RANKS; do
     for j in $(seq 0 $((V - 1))); do
       word="${VARIANT_LIST[$(((j + rep - 1) % V))]}"
       variant_flags "$word"
       echo "[bench_throughput] repeat $rep/$REPEATS, $np ranks: $word, local $RATES (${SECONDS} s)" >&2
-      phases "$np" "${FLAGS[@]}" --repeat "$rep" --out "$OUT" "$@"
+      phases "$np" "${FLAGS[@]}" --repeat "$rep" --out "$OUT" --append --run-id "$RUN_ID" "$@"
     done
   done
 done

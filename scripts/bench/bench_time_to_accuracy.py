@@ -4,6 +4,8 @@ figure a user chooses a method by.
     python scripts/bench/bench_time_to_accuracy.py run --out docs/time_to_accuracy.jsonl \\
         --workloads cnn lm --ranks 2 4 --rates 100mbit 1gbit --repeats 3 \\
         --methods gs gs:exchange=sketch gtopk topk powersgd:rank=1 fp16 none
+    python scripts/bench/bench_time_to_accuracy.py run --out docs/time_to_accuracy.jsonl --append \\
+        --methods gs:exchange=sparse    # more runs into the same file
     python scripts/bench/bench_time_to_accuracy.py report docs/time_to_accuracy.jsonl \\
         [--target cnn=0.93 lm=20] [--plot docs/time_to_accuracy.png]
 
@@ -14,7 +16,9 @@ controller, TCP between the ranks' namespaces) and appends one JSON line per run
 its options, the seed (the repeat), the held-out metric after every evaluation with the
 training seconds at that point (evaluation included), and bytes per step. A run that fails
 is written as a row with ``failed`` (its exit status and the end of its stderr), the study goes
-on, and ``run`` exits 1 at the end.
+on, and ``run`` exits 1 at the end. An existing ``--out`` is refused (exit 1, nothing run) unless
+``--append`` is given; every row carries ``run_id`` (one per invocation, :mod:`gs_bench.runs`) and
+``code`` (the commit).
 
 Workloads (``WORKLOADS``: the example, its fixed flags, the metric and the target declared
 before the study): ``cnn`` trains ``scripts/examples/train_torch.py --model cnn`` for 4 epochs
@@ -23,11 +27,14 @@ before the study): ``cnn`` trains ``scripts/examples/train_torch.py --model cnn`
 evaluated every 10 (per-byte perplexity, lower is better, target 20): a smaller LM than the
 example's default (1536 units, 11.5 M parameters), so that the 168 runs fit in two hours
 on two cores. METHOD[:NAME=VALUE,...] as in bench_throughput.sh: options go to gs as
-``--gs``, to a baseline as ``--opt``; ``--ratio`` goes to the methods that select k coordinates.
+``--gs``, to a baseline as ``--opt``; ``--ratio`` goes to the methods that select k coordinates,
+except bare ``gs``: the shipped defaults (``ratio="auto"``), run as a user gets them.
 
 ``report`` gives, per (workload, ranks, rate, method), the seconds to reach the target (the
 first crossing, interpolated linearly between the two evaluations around it), as mean ± std
-over the repeats that reached it and how many did. Root only (shaped.sh).
+over the repeats that reached it and how many did. Where appended runs repeat a (workload,
+ranks, rate, method, seed), it reads the latest run's row (:func:`read_rows`) and says so on
+stderr. ``run``: root only (shaped.sh).
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Optional
+
+from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, read_jsonl, stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTS_K = ("gs", "topk", "gtopk", "sketched")
@@ -71,13 +80,16 @@ def time_to_target(history: list[dict[str, float]], metric: str, target: float) 
 
 
 def method_args(variant: str, ratio: float) -> tuple[str, list[str]]:
-    """(label, example flags) of METHOD[:NAME=VALUE,...]."""
+    """(label, example flags) of METHOD[:NAME=VALUE,...]: ``--ratio`` for the methods that select
+    k coordinates, except bare ``gs`` (the shipped defaults, as a user gets them) and variants
+    that name their own ``ratio`` or ``k``."""
     method, _, options = variant.partition(":")
     flag = "--gs" if method == "gs" else "--opt"
     args = ["--compression", method]
     for option in filter(None, options.split(",")):
         args += [flag, option]
-    if method in SELECTS_K:
+    if method in SELECTS_K and variant != "gs" and not any(o.split("=")[0] in ("ratio", "k") for o in
+                                                           options.split(",")):
         args += ["--ratio", str(ratio)]
     return variant, args
 
@@ -106,13 +118,15 @@ def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, arg
 
 
 def run(args: argparse.Namespace) -> None:
-    methods, failures = list(args.methods), 0
+    """The study: every row appended to ``args.out`` with this invocation's :func:`gs_bench.runs.stamp`;
+    an existing ``args.out`` is refused unless ``args.append``."""
+    check_out(args.out, args.append)
+    methods, failures, run_fields = list(args.methods), 0, stamp()
     for repeat in range(args.repeats):
         order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
         for workload, ranks, rate, variant in itertools.product(args.workloads, args.ranks, args.rates, order):
-            row = one_run(workload, ranks, rate, variant, repeat, args)
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            row = {**one_run(workload, ranks, rate, variant, repeat, args), **run_fields}
+            append_line(args.out, row)
             where = f"{workload} P={ranks} {rate} {row['method']} repeat {repeat}"
             if "failed" in row:
                 failures += 1
@@ -125,6 +139,20 @@ def run(args: argparse.Namespace) -> None:
                   + ("" if reached is None else f", {metric} {target} at {reached:.1f} s"), flush=True)
     if failures:
         sys.exit(f"{failures} run(s) failed; their rows carry 'failed'")
+
+
+def setting_of(row: dict[str, Any]) -> Optional[tuple]:
+    """What a row measured: (workload, ranks, rate, method, seed); None for a row without a seed
+    (or repeat), which no other row can repeat."""
+    seed = row.get("seed", row.get("repeat"))
+    return None if seed is None else (row["workload"], row["ranks"], row["rate"], row["method"], seed)
+
+
+def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The rows of a ``run`` file, one per :func:`setting_of`: the latest run's where appended
+    runs repeat one (:func:`gs_bench.runs.latest_runs`, which says on stderr which it used)."""
+    rows, where = read_jsonl([path])
+    return latest_runs(rows, setting_of, where, lambda r: "{} P={} {} {} seed {}".format(*setting_of(r) or ()))
 
 
 def summarise(rows: list[dict[str, Any]], targets: dict[str, float]) -> list[dict[str, Any]]:
@@ -205,8 +233,7 @@ def plot(summary: list[dict[str, Any]], path: str) -> None:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    summary = summarise(rows, targets_of(args.target))
+    summary = summarise(read_rows(args.data), targets_of(args.target))
     print(table(summary))
     if args.plot:
         plot(summary, args.plot)
@@ -217,7 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
-    r.add_argument("--out", required=True)
+    add_out_flags(r, "one JSON line per run", required=True)
     r.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["cnn", "lm"])
     r.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     r.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])

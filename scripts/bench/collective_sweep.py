@@ -3,10 +3,12 @@ alltoall, and the alltoalls with one receiver (pairwise, gather) and broadcast, 
 methods issue them (:class:`gs_horovod.transports.horovod.HorovodCollectives`). What
 ``scripts/bench/cost_model.py --collectives`` fits α and β per collective algorithm from.
 Launched by ``scripts/bench/collective_sweep.sh`` on shaped links; rank 0 appends one JSON line
-per (collective, size) to ``--out``:
+per (collective, size) to ``--out`` (which must not exist unless ``--append`` is given):
 
     {"kind": "collective", "collective": KIND, "label": LINK, "ranks": P, "bytes": n,
-     "seconds": median over repeats, "all_s": [...]}
+     "seconds": median over repeats, "all_s": [...], "run_id": ..., "code": ...}
+
+(``run_id``: ``--run-id``, else one for this invocation; ``code``: the commit; :mod:`gs_bench.runs`.)
 
 n is the payload one rank contributes (:mod:`gs_horovod.transports.wire`'s convention: alltoall sends
 n/P to each rank; pairwise swaps n with rank ^ 1; gather sends n to rank 0; broadcast sends
@@ -24,6 +26,7 @@ import horovod.torch as hvd
 import torch
 
 from gs_bench.cli import append_jsonl
+from gs_bench.runs import add_out_flags, check_out, stamp
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.horovod import HorovodCollectives
 from gs_horovod.transports.protocol import gather, pairwise
@@ -71,13 +74,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sizes", nargs="+", type=int, default=list(SIZES), help="payload bytes per rank")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-call-s", type=float, default=2.0, help="no larger size once a call's median passes this")
-    p.add_argument("--out")
+    add_out_flags(p, "one JSON line per collective and size", run_id=True)
     args = p.parse_args(argv)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_out(args.out, args.append)
+    run_fields = stamp(args.run_id)
     hvd.init()
     P = hvd.size()
     comm = HorovodCollectives(hvd, TorchOps(), hvd.Average, hvd.global_process_set)
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             median = statistics.median(times)
             if hvd.rank() == 0:
                 append_jsonl(args.out, {"kind": "collective", "collective": kind, "label": args.label, "ranks": P,
-                                        "bytes": n, "seconds": median, "all_s": times})
+                                        "bytes": n, "seconds": median, "all_s": times, **run_fields})
                 print(f"[sweep] {args.label} P={P} {kind} {n} B: {median * 1e3:.2f} ms", flush=True)
             if median > args.max_call_s:
                 break

@@ -11,7 +11,8 @@ Cases: ``ddp_two_steps`` (scripts/bench/ddp_two_steps.py: GsState, two steps), t
 (scripts/examples/train_torch.py, one epoch), FSDP2 (scripts/examples/train_fsdp.py, 2 × 1,
 one epoch), and a restart under ``--max-restarts 1`` (rank 1 killed after the first step) with
 the group from gs_horovod's ``init_process_group`` and from torch's. Refuses an existing
-``--out`` unless ``--append``.
+``--out`` unless ``--append`` (which replaces the cases run again, keeps the others); each case
+records ``code`` (the commit) and ``run_id`` (one per invocation, :mod:`gs_bench.runs`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Optional
+
+from gs_bench.runs import new_run_id
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = {
@@ -75,10 +78,11 @@ def main() -> None:
     if out.exists() and not args.append:
         sys.exit(f"{out} exists: pass --append to add to it, or another --out")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    run_id = new_run_id()
     record = json.loads(out.read_text()) if out.exists() else {"cases": {}}
     for name in args.cases:
         record["cases"][name] = {**run_case(CASES[name], args.runs, args.timeout), "code": commit.stdout.strip(),
-                                 "timeout_seconds": args.timeout}
+                                 "run_id": run_id, "timeout_seconds": args.timeout}
         print(name, json.dumps(record["cases"][name]), flush=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
 

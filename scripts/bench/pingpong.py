@@ -1,7 +1,8 @@
 """MPI ping-pong between ranks 0 and 1: latency α and bandwidth β of the link between them,
 fitted as one-way time t(n) = α + n / β over message sizes n. Run by
 ``scripts/bench/bench_throughput.sh`` inside the shaped network; rank 0 appends one JSON line
-(``"kind": "pingpong"``) to ``--out``.
+(``"kind": "pingpong"``, with ``run_id`` and ``code``: :mod:`gs_bench.runs`) to ``--out``, which
+must not exist unless ``--append`` is given.
 
     mpirun -np 2 ... python scripts/bench/pingpong.py --label 1gbit --out results.jsonl
 """
@@ -15,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from gs_bench.cli import append_jsonl
+from gs_bench.runs import add_out_flags, check_out, stamp
 
 SIZES = (8, 1024, 65_536, 1 << 20, 4 << 20, 16 << 20)
 
@@ -50,19 +52,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--label", default="")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out")
+    add_out_flags(p, "one JSON line", run_id=True)
     args = p.parse_args(argv)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    check_out(args.out, args.append)
+    run_fields = stamp(args.run_id)
     comm = MPI.COMM_WORLD
     seconds = [one_way_seconds(comm, n, args.repeats if n < (4 << 20) else 3) for n in SIZES]
     if comm.Get_rank() == 0:
         alpha, beta = fit(list(SIZES), seconds)
         row = {"kind": "pingpong", "label": args.label, "alpha_s": alpha, "beta_bytes_per_s": beta,
-               "sizes": list(SIZES), "one_way_s": seconds}
+               "sizes": list(SIZES), "one_way_s": seconds, **run_fields}
         append_jsonl(args.out, row)
 
 

@@ -14,6 +14,11 @@ is an error; so is a block that the data no longer gives (``--check``).
 Comparisons at equal wire bytes take each peer at gs's whole cumulative wire bytes, interpolated
 between its evaluations (``bench_convergence.at_budget``); a peer whose evaluations do not reach
 that budget, or start beyond it, is written as such, never dropped.
+
+Appended runs (``--append``) may repeat a setting and seed: the records of bench_recovery.py and
+bench_time_to_accuracy.py are read one per (setting, seed), the latest run's (the greatest
+``run_id``; a record without one is an older run of its own, a later line newer), and a warning
+on stderr names the record used and those dropped (:func:`gs_bench.runs.latest_runs`).
 """
 
 from __future__ import annotations
@@ -53,6 +58,14 @@ def block(name: str) -> Callable[[Block], Block]:
 
 def load(docs: Path, name: str):
     return json.loads((docs / name).read_text())
+
+
+def recovery_records(docs: Path, name: str) -> list[dict]:
+    """``docs/NAME``'s bench_recovery.py records, one per setting and seed (the latest run's:
+    ``bench_recovery.read_records``)."""
+    import bench_recovery
+
+    return bench_recovery.read_records([str(docs / name)])
 
 
 def printed(fn: Callable[[], object]) -> str:
@@ -419,7 +432,7 @@ def sparse_vs_gtopk(docs: Path, name: str) -> str:
     kB a step (``kb``)."""
     family, what, ranks = name.split(".")
     data = "recovery_sparse.jsonl" if family == "sparse_vs_gtopk" else "recovery_wire.jsonl"
-    records = [json.loads(line) for line in (docs / data).read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, data)
     at = [r for r in records if r["P"] == int(ranks)]
     wire = "compact8" if family == "compact8_vs_gtopk" else None
     gs = next(r for r in at if "rows" in r and r["exchange"] == "auto" and r.get("wire_format") in (
@@ -438,7 +451,7 @@ def recovery_figure(docs: Path, name: str) -> str:
     weights) or ``gtopk-compact`` (the same with compact pairs, ``rw`` only)."""
     family, what, ranks, method = name.split(".")
     data = "recovery_wire.jsonl" if family == "rw" else "recovery_sparse.jsonl"
-    records = [json.loads(line) for line in (docs / data).read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, data)
     exchange = {"defaults": "auto", "sparse": "sparse", "sketch": "sketch"}.get(method)
     peers = {"gtopk": "gTop-k (global)", "gtopk-compact": "gTop-k (global, compact pairs)"}
     r = next(r for r in records if r["P"] == int(ranks) and (
@@ -944,7 +957,7 @@ block("recovery.pareto")(lambda docs: recovery_sections(docs)["digits MLP, ratio
 def recovery_train(docs: Path) -> str:
     """The 60-step training runs of ``docs/recovery_curves.jsonl``, in order of the loss after
     them: delivered mass, wire kB a step, mean loss over steps 26–30 and 56–60."""
-    records = [json.loads(line) for line in (docs / "recovery_curves.jsonl").read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, "recovery_curves.jsonl")
     lines = ["| method | settings | delivered mass | kB / rank / step | loss, steps 26–30 | loss, steps 56–60 |",
              "|---|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: sum(r["loss"][55:60])):
@@ -963,7 +976,7 @@ def recovery_exchanges(docs: Path) -> str:
     PowerSGD, the defaults, the sparse exchange and the sketch at their shipped sizes)."""
     import bench_recovery
 
-    records = [json.loads(line) for line in (docs / "recovery_sparse.jsonl").read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, "recovery_sparse.jsonl")
     table = bench_recovery.exchange_markdown(records).splitlines()
     keep = ("top-k allgather (global)", "gTop-k (global)", "PowerSGD", "gs defaults (auto → allgather)",
             "gs defaults (auto → sparse)", "gs sparse", "gs sketch")
@@ -977,7 +990,7 @@ def recovery_wire(docs: Path) -> str:
     with 8-byte and compact pairs beside the baselines (the digits MLP 1.28M, k = D/1000)."""
     import bench_recovery
 
-    records = [json.loads(line) for line in (docs / "recovery_wire.jsonl").read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, "recovery_wire.jsonl")
     return "\n".join(bench_recovery.exchange_markdown(records).splitlines()[2:])
 
 
@@ -1109,7 +1122,7 @@ def rule_agrees(docs: Path) -> str:
 def recovery_exchange_before(docs: Path) -> str:
     """Mass, wire kB a step and loss after 20 steps per P of ``docs/recovery_exchange.jsonl``:
     the defaults then, the sketch at larger sizes, and the peers."""
-    records = [json.loads(line) for line in (docs / "recovery_exchange.jsonl").read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, "recovery_exchange.jsonl")
     lines = ["| P | method | mass | kB / step | loss after 20 steps |", "|---|---|---|---|---|"]
     for r in sorted(records, key=lambda r: (r["P"], r["wire"] or 0)):
         if "rows" in r:
@@ -1132,7 +1145,7 @@ def recovery_exchange_before(docs: Path) -> str:
 def gtopk_over_sketch(docs: Path) -> str:
     """gTop-k (global)'s delivered mass over the default sketch's, and its wire bytes over the
     sketch's, at each P of ``docs/recovery_exchange.jsonl``."""
-    records = [json.loads(line) for line in (docs / "recovery_exchange.jsonl").read_text().splitlines() if line.strip()]
+    records = recovery_records(docs, "recovery_exchange.jsonl")
     parts = []
     for P in sorted({r["P"] for r in records}):
         at = [r for r in records if r["P"] == P]
@@ -1148,14 +1161,15 @@ def gtopk_over_sketch(docs: Path) -> str:
 # time to accuracy (bench_time_to_accuracy.py's runs, docs/time_to_accuracy.jsonl)
 
 def tta_summary(docs: Path, name: str = "time_to_accuracy.jsonl") -> list[dict]:
-    rows = [json.loads(line) for line in (docs / name).read_text().splitlines() if line.strip()]
-    return tta.summarise(rows, tta.targets_of([]))
+    """:func:`bench_time_to_accuracy.summarise` of ``docs/NAME`` (one row per setting and seed:
+    :func:`bench_time_to_accuracy.read_rows`)."""
+    return tta.summarise(tta.read_rows(docs / name), tta.targets_of([]))
 
 
 def tta_repeats(docs: Path, name: str) -> dict[tuple, list[float | None]]:
     """Per (workload, ranks, rate, method) of ``docs/NAME``: each repeat's seconds to its
     workload's target, in repeat order (None where it was not reached)."""
-    rows = [json.loads(line) for line in (docs / name).read_text().splitlines() if line.strip()]
+    rows = tta.read_rows(docs / name)
     targets, out = tta.targets_of([]), {}
     for r in sorted((r for r in rows if "failed" not in r), key=lambda r: r["repeat"]):
         out.setdefault((r["workload"], r["ranks"], r["rate"], r["method"]), []).append(
@@ -1195,6 +1209,68 @@ def time_to_accuracy_compact(docs: Path) -> str:
                           for m in ("gs", "topk"))
         lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {seconds_to_target(gs) if gs else '—'} "
                      f"| {seconds_to_target(topk) if topk else '—'} | {by_mean} | {each} | {by_median} |")
+    return "\n".join(lines)
+
+
+LM_EVAL_EVERY = 10  # bench_time_to_accuracy.WORKLOADS["lm"]: an evaluation every 10 steps
+
+
+def steps_to_target(row: dict) -> float | None:
+    """The LM's steps to its target, interpolated as :func:`bench_time_to_accuracy.time_to_target`
+    interpolates seconds (evaluation i is at step 10·(i + 1)); None for other workloads or
+    when it was not reached."""
+    if row["workload"] != "lm" or "failed" in row:
+        return None
+    history = [{"seconds": LM_EVAL_EVERY * (i + 1), row["metric"]: h[row["metric"]]}
+               for i, h in enumerate(row["history"])]
+    return tta.time_to_target(history, row["metric"], tta.targets_of([])[row["workload"]])
+
+
+@block("density.pilot")
+def density_pilot(docs: Path) -> str:
+    """``docs/tta_density_pilot.jsonl``: per (workload, P, link) and method, the seconds to the
+    target, the LM's steps to it, bytes per step and the last evaluation; one repeat (seed 0)."""
+    rows = tta.read_rows(docs / "tta_density_pilot.jsonl")
+    targets = tta.targets_of([])
+    lines = ["| workload | P | link | method | seconds to target | steps to target (LM) | bytes/step/rank "
+             "| last evaluation |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['workload']} | {r['ranks']} | {r['rate']} | {r['method']} | failed | | | |")
+            continue
+        seconds = tta.time_to_target(r["history"], r["metric"], targets[r["workload"]])
+        steps = steps_to_target(r)
+        lines.append(f"| {r['workload']} | {r['ranks']} | {r['rate']} | {r['method']} "
+                     f"| {'not reached' if seconds is None else f'{seconds:.1f} s'} "
+                     f"| {'' if r['workload'] != 'lm' else 'not reached' if steps is None else f'{steps:.0f}'} "
+                     f"| {r['bytes_per_step']:,.0f} | {r['history'][-1][r['metric']]:.4g} |")
+    return "\n".join(lines)
+
+
+@block("density.pilot_verdict")
+def density_pilot_verdict(docs: Path) -> str:
+    """Per (workload, P, link) of ``docs/tta_density_pilot.jsonl``: the fastest method to the
+    target, the defaults' (``gs``) seconds over it, and the defaults' LM steps over dense's."""
+    rows = [r for r in tta.read_rows(docs / "tta_density_pilot.jsonl") if "failed" not in r]
+    targets = tta.targets_of([])
+    lines = ["| workload | P | link | fastest | the defaults ÷ fastest | the defaults' steps ÷ dense's (LM) |",
+             "|---|---|---|---|---|---|"]
+    fastest_count, settings = 0, 0
+    for key in dict.fromkeys((r["workload"], r["ranks"], r["rate"]) for r in rows):
+        mine = {r["method"]: r for r in rows if (r["workload"], r["ranks"], r["rate"]) == key}
+        seconds = {m: tta.time_to_target(r["history"], r["metric"], targets[key[0]]) for m, r in mine.items()}
+        reached = {m: t for m, t in seconds.items() if t is not None}
+        if not reached:
+            continue
+        best = min(reached, key=reached.get)
+        settings += 1
+        fastest_count += best == "gs"
+        ratio = "not reached" if seconds.get("gs") is None else f"{seconds['gs'] / reached[best]:.2f}"
+        steps = {m: steps_to_target(mine[m]) for m in ("gs", "none") if m in mine}
+        by_steps = "" if key[0] != "lm" else ("—" if None in steps.values() or len(steps) < 2 else
+                                               f"{steps['gs'] / steps['none']:.2f}")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {best} | {ratio} | {by_steps} |")
+    lines.append(f"\nThe defaults were the fastest in {fastest_count} of {settings} settings.")
     return "\n".join(lines)
 
 

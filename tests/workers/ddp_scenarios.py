@@ -255,9 +255,11 @@ def idioms(result: dict, rank: int) -> None:
     exact_equals_default(result, rank, "static_graph", static_graph=True)
     exact_equals_default(result, rank, "autocast", autocast=True)
     module = mlp(7)
+    initial = flat(module.parameters())
     run(module, ddp(module, GsState(model=module, **OPTIONS)), range(3), rank, autocast=True)
     result["autocast_gs_digest"] = digest(module)
     result["autocast_gs_finite"] = bool(torch.isfinite(flat(module.parameters())).all())
+    result["autocast_gs_moved"] = int((flat(module.parameters()) != initial).sum())  # coordinates that moved
     default, gs = mlp(0), mlp(0)
     run(default, DistributedDataParallel(default), range(3), rank)
     state = GsState(model=gs, **EXACT)

@@ -125,6 +125,21 @@ def reference(a: np.ndarray, k: int, small: np.ndarray, wire: str = "fp32") -> n
     return np.concatenate([update, small.astype(np.float32).sum(0, dtype=np.float32) / np.float32(P)])
 
 
+def owner_by_hand(i: int, P: int, seed: int = 0) -> int:
+    """The rank that owns coordinate i under the sparse exchange, from the hash's documented
+    spec (kernels/hashing.py: a sketch row of P columns) in plain Python integers, apart from
+    the engine's code: K = splitmix64(seed), z = mix64(i XOR K), owner = ((z mod 2^32) · P) >> 32."""
+    mask = (1 << 64) - 1
+
+    def mix64(x: int) -> int:
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    key = mix64((seed + 0x9E3779B97F4A7C15) & mask)
+    return ((mix64(i ^ key) & 0xFFFFFFFF) * P) >> 32
+
+
 def gradients(kind: str, rank: int, P: int, seed: int) -> dict[str, torch.Tensor]:
     """Per-rank gradients: "random" (a few heavy coordinates per rank, mostly disjoint), "ties"
     (every magnitude 1 or 2), "one_region" (everything heavy in the first 200 coordinates),
@@ -180,6 +195,11 @@ def main(out_dir: str, kind: str) -> None:
         result[f"{case}_small_max_abs"] = float(np.abs(got[D:] - want[D:]).max())
         result[f"{case}_nonzeros"] = int(np.count_nonzero(got[:D]))
         result[f"{case}_owned"] = comm.received
+        # what every owner should receive, recomputed: each rank's top k (from zero residuals)
+        # routed by the hash written out above; and, for contrast, by contiguous regions of D/P
+        fed = np.concatenate([top(everyone[q, :D].numpy(), 45) for q in range(P)])
+        result[f"{case}_owned_by_hand"] = np.bincount([owner_by_hand(int(i), P) for i in fed], minlength=P).tolist()
+        result[f"{case}_owned_by_region"] = np.bincount(fed * P // D, minlength=P).tolist()
         result[f"{case}_counted"] = comm.sent
         result[f"{case}_stats"] = vars(st.stats)
         # the compact wires: the same step on rounded values and rounded sums, bit for bit

@@ -28,7 +28,10 @@ from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
 
 # k = D under the allgather with its whole union and exact pairs: the exact mean
 EXACT = dict(ratio=1.0, min_size=1, wire="fp32")
-SPARSE = dict(ratio=0.05, exchange="allgather", apply="all", min_size=1, wire="fp32")  # top-k allgather, recomputable
+# exact pairs, recomputable in NumPy: top-k allgather (its whole union applied), and the sparse
+# exchange (the top k of that union's sums, by their owners)
+ALLGATHER = dict(ratio=0.05, exchange="allgather", apply="all", min_size=1, wire="fp32")
+SPARSE = dict(ratio=0.05, exchange="sparse", min_size=1, wire="fp32")
 OPTIONS = dict(ratio=0.05, min_size=64)
 STEPS = 3
 ALONE_TIMEOUT = 3.0  # checkpoint_timeout of the state whose state_dict() rank 0 calls alone
@@ -177,10 +180,12 @@ def mixed_precision(out: dict, mesh: DeviceMesh, rank: int) -> None:
         against_native(out, f"bf16_reduce_{reduce}", mesh, rank, mp_policy=policy)
     against_native(out, "bf16_model", mesh, rank, dtype=torch.bfloat16)
     model = shard(mlp(3), mesh["shard"], mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    initial = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     state = gs(model, mesh, **OPTIONS)
     train(model, range(STEPS), rank)
     out["bf16_gs"] = {"digest": digest(model), "finite": bool(torch.isfinite(full(model)).all()),
-                      "steps": state.stats.steps}
+                      "steps": state.stats.steps,  # and how many coordinates of each parameter moved
+                      "moved": {n: int((p.full_tensor() != initial[n]).sum()) for n, p in model.named_parameters()}}
 
 
 def resume(out: dict, mesh: DeviceMesh, rank: int, out_dir: str, tag: str, n: int = 3) -> None:
@@ -294,6 +299,7 @@ def scenarios(label: str, rank: int, out_dir: str) -> dict:
     out: dict = {"replicate_ranks": dist.get_process_group_ranks(mesh.get_group("replicate")),
                  "shard_ranks": dist.get_process_group_ranks(mesh.get_group("shard"))}
     recorded(out, "exact", mesh, rank, EXACT)
+    recorded(out, "allgather", mesh, rank, ALLGATHER)
     recorded(out, "sparse", mesh, rank, SPARSE)
     against_native(out, "native", mesh, rank)
     against_native(out, "accumulate", mesh, rank, micro=2)

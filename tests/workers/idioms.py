@@ -72,12 +72,13 @@ def horovod(out_dir: str, exchange: str) -> None:
     train(model, opt, x, y, steps=3)
     result["straight"] = digest(model)
 
-    def resume(model: Any, opt: Any, gs: Any, every_rank: bool) -> str:
+    def resume(model: Any, opt: Any, gs: Any, every_rank: bool, load_gs: bool = True) -> str:
         ckpt = torch.load(path, weights_only=False) if rank == 0 or every_rank else None
         if ckpt is not None and (rank == 0 or every_rank):
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["opt"])
-            gs.load_state_dict(ckpt["gs"])
+            if load_gs:
+                gs.load_state_dict(ckpt["gs"])
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
         train(model, opt, x, y, steps=3)
@@ -85,6 +86,7 @@ def horovod(out_dir: str, exchange: str) -> None:
 
     result["rank0_load"] = resume(*job(), every_rank=False)
     result["every_rank_load"] = resume(*job(), every_rank=True)
+    result["not_loaded"] = resume(*job(), every_rank=True, load_gs=False)  # the control: GsSketch's state not loaded
     result["rank0_rollback"] = resume(model, opt, gs, every_rank=False)  # the same objects, mid-run
 
     other = job(seed=1)[2]
@@ -116,15 +118,16 @@ def tf(out_dir: str, exchange: str) -> None:
     trainer.train(range(3, 6))
     result["straight"] = trainer.digest()
 
-    def resume(every_rank: bool) -> str:
+    def resume(every_rank: bool, load_gs: bool = True) -> str:
         fresh = GsSketch(**options)
         resumed = TfTrainer(1, fresh, weights, from_rank0=True)
-        if rank == 0 or every_rank:
+        if load_gs and (rank == 0 or every_rank):
             fresh.load_state_dict(gs_state)  # None on the other ranks
         resumed.train(range(3, 6))
         return resumed.digest()
 
     result["rank0_load"], result["every_rank_load"] = resume(False), resume(True)
+    result["not_loaded"] = resume(True, load_gs=False)  # the control: the weights, not GsSketch's state
 
     gs = GsSketch(checkpoint_timeout=TIMEOUT, **options)
     trainer = TfTrainer(0, gs)
@@ -159,14 +162,15 @@ def ddp(out_dir: str, exchange: str) -> None:
     result["straight"] = digest(module)
     result["keys"] = sorted(state.local_state_dict()["tensors"])
 
-    def resume(every_rank: bool, named: bool = False) -> tuple[str | None, str | None]:
+    def resume(every_rank: bool, named: bool = False, load_gs: bool = True) -> tuple[str | None, str | None]:
         fresh = mlp(1)  # other weights: only the checkpoint (through DDP's broadcast) can make them equal
         ckpt = torch.load(path, weights_only=False) if rank == 0 or every_rank else None
         restored = GsState(model=fresh, **options) if named else GsState(**options)
         error = None
         if ckpt is not None:
             fresh.load_state_dict(ckpt["model"])  # before DDP: its constructor broadcasts rank 0's weights
-            _, error, _ = caught(lambda: restored.load_state_dict(ckpt["gs"]))
+            if load_gs:
+                _, error, _ = caught(lambda: restored.load_state_dict(ckpt["gs"]))
         if named:
             return None, error
         run(fresh, wrap(fresh, restored), range(3, 6), rank)
@@ -174,6 +178,7 @@ def ddp(out_dir: str, exchange: str) -> None:
 
     result["rank0_load"], _ = resume(every_rank=False)
     result["every_rank_load"], _ = resume(every_rank=True)
+    result["not_loaded"], _ = resume(every_rank=True, load_gs=False)  # the control: GsState's state not loaded
     _, result["named_into_order_error"] = resume(every_rank=False, named=True)
 
     module = mlp(0)

@@ -116,21 +116,33 @@ def main(out_dir: str) -> None:
             result[f"digests_graph_{graph}_exact_{exact}"] = digests_after_each(model, step, x, y, 6)
 
     # warm-up: 2 dense steps (the same weights as Horovod's dense allreduce), then compressed
-    # ones (their digests: every rank applies the same update); all ranks alike
+    # ones (their digests: every rank applies the same update); all ranks alike. The bytes
+    # counted after the warm-up and after the 2 steps beyond it, and the weights against 4 dense
+    # steps: a warm-up that never ended would count no exchange's bytes and stay dense
     dense = Mlp(5)
-    run(dense, make_step(dense, hvd.Compression.none), x, y, range(2))
+    dense_step = make_step(dense, hvd.Compression.none)
+    run(dense, dense_step, x, y, range(2))
+    dense_after_warmup = [v.numpy().copy() for v in dense.trainable_variables]
+    run(dense, dense_step, x, y, range(2, 4))
+
+    def max_abs_diff(weights, model) -> float:
+        return max(float(np.abs(w - v.numpy()).max()) for w, v in zip(weights, model.trainable_variables))
+
     for exchange in EXCHANGES:
         model, gs = Mlp(5), GsSketch(ratio=0.05, min_size=64, warmup_steps=2, exchange=exchange)
         step = make_step(model, gs)
         digests = digests_after_each(model, step, x, y, 2)
-        result[f"{exchange}_warmup_dense_max_abs_diff"] = max(
-            float(tf.reduce_max(tf.abs(a - b))) for a, b in zip(dense.trainable_variables, model.trainable_variables))
+        result[f"{exchange}_warmup_dense_max_abs_diff"] = max_abs_diff(dense_after_warmup, model)
+        result[f"{exchange}_warmup_stats"] = dict(vars(gs.stats))
         digests += [None] * 2
         for i in (2, 3):
             step(*batch(x, y, i))
             digests[i] = digest(model)
         result[f"{exchange}_warmup_digests"] = digests
         result[f"{exchange}_warmup_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
+        result[f"{exchange}_after_warmup_stats"] = dict(vars(gs.stats))
+        result[f"{exchange}_after_warmup_dense_max_abs_diff"] = max_abs_diff(
+            [v.numpy() for v in dense.trainable_variables], model)
 
     # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
     n = 4
@@ -145,6 +157,12 @@ def main(out_dir: str) -> None:
     run(model, make_step(model, gs), x, y, range(n, 2 * n))
     result["resume_restored"] = digest(model)
     result["resume_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
+    # the control: the model restored, GsSketch's state (residuals, momentum, steps) not
+    model, gs = Mlp(99), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
+    tf.train.Checkpoint(model=model).read(path).expect_partial()
+    run(model, make_step(model, gs), x, y, range(n, 2 * n))
+    result["resume_not_loaded"] = digest(model)
+    result["resume_not_loaded_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
     # NaN planted in w2's gradient on rank 1: the same error on every rank naming w2, nothing
     # committed (raise: every exchange; skip: the sketch)
@@ -169,12 +187,16 @@ def main(out_dir: str) -> None:
     model = Mlp(6)
     for name in ("w1", "b1"):
         setattr(model, name, tf.Variable(tf.cast(getattr(model, name), tf.bfloat16), name=name))
+    initial = {v.name: tf.cast(v, tf.float32).numpy() for v in model.trainable_variables}
     step = make_step(model, GsSketch(ratio=0.05, min_size=64))
     for i in range(3):
         step(*batch(x, y, i))
     result["bf16_digest"] = digest(model)
     result["bf16_finite"] = all(bool(np.isfinite(tf.cast(v, tf.float32).numpy()).all())
                                 for v in model.trainable_variables)
+    result["bf16_moved"] = {v.name: int((tf.cast(v, tf.float32).numpy() != initial[v.name]).sum())
+                            for v in model.trainable_variables}  # coordinates that moved, by variable
+    result["bf16_dtypes"] = {v.name: v.dtype.name for v in model.trainable_variables}
 
     # the sparse exchange (alltoall to the owners, threshold, allgather of the selected pairs)
     # applies exactly the allgather's top k: the same model after every step, in a tf.function

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from rank_result import write_result
 from torch_scenarios import EXCHANGES, digest, digits_shard, distributed, flat, mlp
 
+from gs_horovod.engine.exchanges import EXCHANGES as EXCHANGES_BY_NAME
 from gs_horovod.torch import GsSketch
 
 
@@ -72,8 +73,11 @@ def nonfinite(out: dict, exchange: str, x, y) -> None:
 
 
 def selection_checksum(out: dict, exchange: str, x, y) -> None:
-    """check_every=1 on a healthy run must pass; under the sketch, one rank whose sketch
-    nominates every candidate one coordinate off must make every rank raise."""
+    """check_every=1 on a healthy run must pass; one rank whose selection is every coordinate
+    one off must make every rank raise. The fault: under the sketch, that rank's sketch
+    nominates every candidate one coordinate off; under the pair exchanges (whose selection is
+    the gathered pairs' on every rank), that rank's exchange returns its candidates one off,
+    after every collective of the step (so the ranks stay in step until the check)."""
     model = mlp(8)
     opt = distributed(model, f"k.{exchange}.ok.", GsSketch(ratio=0.05, min_size=64, check_every=1,
                                                            exchange=exchange))
@@ -83,11 +87,10 @@ def selection_checksum(out: dict, exchange: str, x, y) -> None:
         out["check_every_clean_error"] = None
     except RuntimeError as e:
         out["check_every_clean_error"] = str(e)
-    if exchange != "sketch":
-        return
     model = mlp(8)
-    gs = GsSketch(ratio=0.05, min_size=64, check_every=2, exchange="sketch")
-    if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
+    gs = GsSketch(ratio=0.05, min_size=64, check_every=2, exchange=exchange)
+    skewed_exchange = None
+    if hvd.rank() == 1 and exchange == "sketch":
         heavy_hitters = gs.ops.heavy_hitters
 
         def skewed(table, keys, length, count):
@@ -95,6 +98,15 @@ def selection_checksum(out: dict, exchange: str, x, y) -> None:
             return (idx + 1) % length, est
 
         gs.ops.heavy_hitters = skewed
+    elif hvd.rank() == 1:
+        skewed_exchange = EXCHANGES_BY_NAME[exchange]
+        nominate = skewed_exchange.nominate
+
+        def skewed_nominate(engine, plan, a, fed):
+            nominated = nominate(engine, plan, a, fed)
+            return nominated._replace(groups=[c._replace(idx=(c.idx + 1) % plan.total) for c in nominated.groups])
+
+        skewed_exchange.nominate = skewed_nominate  # this process's exchange object: undone below
     opt = distributed(model, f"k.{exchange}.bad.", gs)
     try:
         for i in range(3):
@@ -102,6 +114,9 @@ def selection_checksum(out: dict, exchange: str, x, y) -> None:
         out["check_every_error"] = None
     except RuntimeError as e:
         out["check_every_error"] = f"step {i}: {e}"
+    finally:
+        if skewed_exchange is not None:
+            del skewed_exchange.nominate
 
 
 def odd_shapes(out: dict, exchange: str, x, y) -> None:
@@ -120,10 +135,14 @@ def odd_shapes(out: dict, exchange: str, x, y) -> None:
             return self.scale * self.fc(inp) + self.bias16.float() + self.empty.sum()
 
     model = Odd()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     gs = GsSketch(ratio=0.5, min_size=1, exchange=exchange)
     opt = distributed(model, "o.", gs, lr=0.01)
     for i in range(3):
         step(model, opt, x, y, i)
+    # how many coordinates of each parameter moved from its initial value; all finite
+    out["odd_moved"] = {n: int((p.detach() != initial[n]).sum()) for n, p in model.named_parameters()}
+    out["odd_finite"] = bool(torch.isfinite(flat(model)).all())
     out["odd_steps"] = {n: t["steps"] for n, t in gs.local_state_dict()["tensors"].items()}
     out["odd_dtypes"] = {n: str(p.grad.dtype) + str(tuple(p.grad.shape)) for n, p in model.named_parameters()}
     out["odd_digest"] = digest(model)

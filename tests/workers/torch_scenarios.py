@@ -243,9 +243,9 @@ def per_exchange(exchange: str, refs: dict, x, y, scenarios: str) -> dict:
     k_equals_d(out, exchange, refs, x, y)
     for exact in (True, False):
         counted_run(out, f"exact_{exact}", GsSketch(ratio=0.05, exact=exact, min_size=64, exchange=exchange), 10, x, y)
-    # options beyond the defaults on real ranks: more candidates, apply every delivered value,
-    # no pre-filter
-    for label, options in (("candidates2", {"candidates": 2}), ("apply_all", {"apply": "all"}),
+    # options beyond the defaults on real ranks: more candidates (from a pre-filter as large:
+    # the exchanges that send pairs nominate from it), apply every delivered value, no pre-filter
+    for label, options in (("candidates2", {"candidates": 2, "prefilter": 2}), ("apply_all", {"apply": "all"}),
                            ("prefilter0", {"prefilter": 0})):
         counted_run(out, label, GsSketch(ratio=0.05, min_size=64, exchange=exchange, **options), 4, x, y)
     warmup(out, exchange, refs, x, y)

@@ -1,0 +1,127 @@
+"""How many coordinates a step sends under ``ratio="auto"`` (the default): :class:`Density`,
+a rule on the measured step, the same on every rank.
+
+The densities are :data:`LEVELS`, fractions of D (k = ceil(level · D)), and :data:`DENSE`:
+every coordinate in one float16 allreduce. A run starts at DENSE. After each window of
+:data:`WINDOW` measured steps at one level (the first step at a level is not measured: kernels
+compile, buffers are laid out), the ranks share their windows' seconds with one allgather of
+three floats each and every rank, from the same numbers, chooses::
+
+    t_c        compute seconds a step: end of one engine step to the start of the next
+               (forward, backward, optimizer, data), the slowest rank's window mean
+    t_x(L)     seconds of the engine step at level L (selection, collectives, decoding), the
+               least of the ranks' window means: a rank's collectives also wait for the
+               slowest rank, and the rank that waited least measured the exchange itself
+    L*         the densest level with  cost(L) ≤ budget · t_c,  else the sparsest level
+    cost(L)    t_x(L) where L was measured; else fixed + wire(L) · per_byte
+    per_byte   t_x(DENSE) / wire(DENSE)         (seconds a wire byte costs, from the dense window)
+    fixed      t_x(S) − wire(S) · per_byte ≥ 0  (the selection's own seconds, from the densest
+               sparse level S measured; 0 before one)
+
+wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.wire.total_wire_bytes`)
+of the plan at L. A level once measured keeps its seconds, so the choice settles: a level
+measured over budget is not chosen again while t_c stays. A change of world (Horovod elastic)
+starts the rule again (:meth:`Density.restart`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+LEVELS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+DENSE = 1.0  # every coordinate, as a float16 allreduce
+WINDOW = 5
+DEFAULT_BUDGET = 0.5
+CHOICES = (*LEVELS, DENSE)
+
+
+def choose(budget: float, compute: float, seconds: dict[float, float], wire: Callable[[float], float]) -> float:
+    """The densest of :data:`CHOICES` whose cost is at most ``budget · compute`` seconds, else the
+    sparsest. ``seconds``: level → measured mean seconds of its engine step; ``wire``: level →
+    wire bytes of its plan. Unmeasured levels are priced as in the module's docstring."""
+    per_byte = 0.0
+    if DENSE in seconds and wire(DENSE) > 0:
+        per_byte = seconds[DENSE] / wire(DENSE)
+    sparse = [lv for lv in LEVELS if lv in seconds]
+    fixed = max(0.0, seconds[sparse[-1]] - wire(sparse[-1]) * per_byte) if sparse else 0.0
+
+    def cost(level: float) -> float:
+        if level in seconds:
+            return seconds[level]
+        return (0.0 if level == DENSE else fixed) + wire(level) * per_byte
+
+    fitting = [lv for lv in CHOICES if cost(lv) <= budget * compute]
+    return fitting[-1] if fitting else LEVELS[0]
+
+
+@dataclass
+class Density:
+    """The density state of one :class:`~gs_horovod.engine.state.EngineState` (saved in its
+    checkpoints, :meth:`state_dict`).
+
+    level: the fraction of D the next step sends (a :data:`CHOICES` value; DENSE: all of it in
+    float16); measured: steps measured at this level in the current window; compute / exchange:
+    this rank's summed seconds of those steps (its own, until agreed); seconds: level → agreed
+    mean seconds of its engine step; changes: how often the level changed."""
+
+    budget: float = DEFAULT_BUDGET
+    level: float = DENSE
+    measured: int = -1  # the first step at a level is not measured
+    compute: float = 0.0
+    exchange: float = 0.0
+    seconds: dict[float, float] = field(default_factory=dict)
+    changes: int = 0
+
+    @property
+    def due(self) -> bool:
+        """Whether a window is complete: the next step starts with :meth:`decide`."""
+        return self.measured >= WINDOW
+
+    def observe(self, compute: Optional[float], exchange: float) -> None:
+        """Counts one step at :attr:`level`: ``compute`` seconds before it (None: unknown, e.g.
+        the first step) and ``exchange`` seconds of the engine step."""
+        if compute is None:
+            return
+        if self.measured < 0:
+            self.measured = 0
+            return
+        self.measured += 1
+        self.compute += compute
+        self.exchange += exchange
+
+    def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float]) -> float:
+        """Ends the window: ``share`` gathers every rank's (3,) [compute, exchange, steps] as (P, 3)
+        (one allgather, collective); the level is then chosen from them (:func:`choose`: the
+        slowest rank's compute, the least exchange), the same on every rank. Returns the new level."""
+        every = np.asarray(share(np.array([self.compute, self.exchange, self.measured], dtype=np.float64)),
+                           dtype=np.float64).reshape(-1, 3)
+        steps = np.maximum(every[:, 2], 1.0)
+        self.seconds[self.level] = float((every[:, 1] / steps).min())
+        chosen = choose(self.budget, float((every[:, 0] / steps).max()), self.seconds, wire)
+        if chosen != self.level:
+            self.level, self.changes, self.measured = chosen, self.changes + 1, -1
+        else:
+            self.measured = 0
+        self.compute = self.exchange = 0.0
+        return self.level
+
+    def restart(self) -> None:
+        """Forgets every measurement and starts at DENSE again (every rank alike)."""
+        self.level, self.measured, self.compute, self.exchange, self.seconds = DENSE, -1, 0.0, 0.0, {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain floats and ints (checkpoint-safe)."""
+        return {**asdict(self), "seconds": {float(k): float(v) for k, v in self.seconds.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], budget: float) -> Density:
+        """The saved state under this run's ``budget``; raises ValueError on an unknown level."""
+        level = float(state["level"])
+        if not any(math.isclose(level, c) for c in CHOICES):
+            raise ValueError(f"saved density level {level} is not one of {CHOICES}")
+        return cls(budget, level, int(state["measured"]), float(state["compute"]), float(state["exchange"]),
+                   {float(k): float(v) for k, v in state["seconds"].items()}, int(state["changes"]))

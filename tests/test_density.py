@@ -1,0 +1,258 @@
+"""The adaptive density (ratio="auto", the default): the rule from injected timings, agreement
+across ranks that measure differently, what each level sends, and checkpoints across a change
+of level. Simulated ranks with a modelled link and an injected compute clock, so every number
+is deterministic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import horovodrun, torchrun
+
+from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
+from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose
+from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.simulated import SimulatedRanks
+from gs_horovod.transports.wire import total_wire_bytes
+
+D = 200_000
+
+
+def wire_of(level: float, ranks: int = 2) -> float:
+    plan = Plan.build(["w"], [D], GsConfig(), ranks=ranks, level=level)
+    return total_wire_bytes(plan.collectives(GsConfig()), ranks)
+
+
+# --- the rule, from injected seconds ---------------------------------------------------------
+
+def test_a_fast_link_stays_dense():
+    dense = {DENSE: 0.01}  # 10 ms of exchange against 100 ms of compute
+    assert choose(0.5, 0.1, dense, wire_of) == DENSE
+
+
+def test_a_slow_link_goes_sparse_and_as_dense_as_the_budget_allows():
+    per_byte = 0.5 / wire_of(DENSE)  # the dense exchange took 0.5 s
+    chosen = choose(0.5, 0.1, {DENSE: 0.5}, wire_of)
+    assert chosen in LEVELS
+    assert wire_of(chosen) * per_byte <= 0.05, "the chosen level's predicted seconds exceed the budget"
+    denser = CHOICES[CHOICES.index(chosen) + 1]
+    assert wire_of(denser) * per_byte > 0.05, f"{denser} also fits the budget, yet {chosen} was chosen"
+
+
+def test_the_selections_own_seconds_count_against_the_budget():
+    per_byte = 0.5 / wire_of(DENSE)
+    without = choose(0.5, 0.1, {DENSE: 0.5}, wire_of)
+    measured = without
+    fixed = 0.03  # the sparse window's selection seconds beyond its wire
+    chosen = choose(0.5, 0.1, {DENSE: 0.5, measured: fixed + wire_of(measured) * per_byte}, wire_of)
+    assert LEVELS.index(chosen) < LEVELS.index(without)
+    assert fixed + wire_of(chosen) * per_byte <= 0.05
+
+
+def test_bounds_the_sparsest_level_when_nothing_fits_and_dense_at_one_rank():
+    assert choose(0.5, 0.001, {DENSE: 100.0}, wire_of) == LEVELS[0]
+    assert choose(0.5, 0.1, {}, lambda level: 0.0) == DENSE  # one rank: no wire at any level
+
+
+def test_a_level_measured_over_budget_is_not_chosen_again():
+    per_byte = 0.5 / wire_of(DENSE)
+    first = choose(0.5, 0.1, {DENSE: 0.5}, wire_of)
+    chosen = choose(0.5, 0.1, {DENSE: 0.5, first: 0.2}, wire_of)  # it measured slower than predicted
+    assert chosen != first and chosen in LEVELS
+    assert wire_of(chosen) * per_byte <= 0.05
+
+
+def test_a_window_takes_the_least_exchange_and_the_slowest_compute():
+    d = Density(0.5, DENSE, WINDOW)
+    waited = np.array([[0.5, 0.30, WINDOW], [0.4, 0.05, WINDOW]])  # rank 0 waited for rank 1
+    assert d.decide(lambda local: waited, wire_of) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
+    assert d.seconds == {DENSE: 0.01} and d.measured == 0
+    d = Density(0.5, DENSE, WINDOW)
+    assert d.decide(lambda local: waited[::-1] * [1, 6, 1], wire_of) in LEVELS  # now 0.06 s > 0.05 s
+
+
+def test_density_state_survives_its_state_dict():
+    d = Density(0.5, 0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1)
+    assert Density.from_state(d.state_dict(), 0.5) == d
+    with pytest.raises(ValueError, match="saved density level 0.3"):
+        Density.from_state({**d.state_dict(), "level": 0.3}, 0.5)
+
+
+# --- options ---------------------------------------------------------------------------------
+
+def test_auto_is_the_default_and_explicit_ratio_or_k_is_fixed():
+    assert GsConfig().adaptive and GsConfig(ratio="auto") == GsConfig()
+    assert not GsConfig(ratio=0.01).adaptive and not GsConfig(k=10).adaptive
+    assert GsConfig().k_for(10_000) == 100  # unmeasured (TensorFlow, static plans): 0.01
+    assert GsConfig().k_for(10_000, 0.05) == 500
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"budget": 0.0}, r"budget must be in \(0.0"),
+    ({"budget": 0.5, "ratio": 0.01}, "budget applies to ratio='auto' only, not with a fixed ratio"),
+    ({"budget": 0.5, "k": 10}, "budget applies to ratio='auto' only, not with a fixed k"),
+    ({"candidates": 4}, "candidates=4 exceeds prefilter=1"),
+    ({"candidates": 4, "prefilter": 2, "exchange": "sparse"}, "candidates=4 exceeds prefilter=2"),
+])
+def test_bad_density_options_raise_naming_them(options, match):
+    with pytest.raises(ValueError, match=match):
+        GsConfig(**options)
+
+
+def test_candidates_above_the_prefilter_are_fine_where_nothing_caps_them():
+    GsConfig(candidates=4, exchange="sketch")
+    GsConfig(candidates=4, prefilter=0)
+    plan = Plan.build(["w"], [D], GsConfig(ratio=0.01, candidates=4, prefilter=4), ranks=8)
+    assert plan.groups[0].candidates == 4 * plan.groups[0].k  # not capped
+
+
+def test_a_level_is_only_for_auto():
+    with pytest.raises(ValueError, match="ratio='auto' only"):
+        Plan.build(["w"], [D], GsConfig(ratio=0.01), ranks=2, level=0.02)
+
+
+# --- on simulated ranks ----------------------------------------------------------------------
+
+class Run:
+    """P simulated ranks on a modelled link; each step adds ``compute[rank]`` seconds of
+    injected compute to the rank's clock, which otherwise counts only the link."""
+
+    def __init__(self, ranks: int, link: tuple[float, float], compute: list[float], **options):
+        self.group = SimulatedRanks(ranks, link=link)
+        self.compute, self.fake = compute, [0.0] * ranks
+        config = GsConfig(backend="torch", **options)
+        self.states = [EngineState(GsSgd(config, TorchOps("torch"), comm), CommStats(),
+                                   clock=lambda comm=comm: comm.link_seconds + self.fake[comm.rank])
+                       for comm in self.group.comms]
+
+    def steps(self, count: int, first: int = 0) -> list[dict[str, torch.Tensor]]:
+        updates = []
+        for t in range(first, first + count):
+            def one(rank, comm, t=t):
+                self.fake[rank] += self.compute[rank]
+                g = torch.randn(D, generator=torch.Generator().manual_seed(1000 * t + rank))
+                return self.states[rank].step({"w": g, "b": torch.ones(10) * rank})
+            updates.append(self.group.run(one))
+        return updates
+
+
+SLOW = (5e-5, 1.25e7)  # 100 Mbit/s
+FAST = (5e-5, 1.25e9)  # 10 Gbit/s
+
+
+def test_dense_steps_first_in_float16_then_the_link_decides():
+    slow, fast = Run(2, SLOW, [0.02, 0.02]), Run(2, FAST, [0.02, 0.02])
+    slow.steps(1)
+    stats = slow.states[0].stats
+    assert stats.density == DENSE and stats.dense_bytes == (D + 10) * 2, "the first step is dense float16"
+    slow.steps(3 * (WINDOW + 1))
+    fast.steps(3 * (WINDOW + 1) + 1)
+    assert fast.states[0].stats.density == DENSE and fast.states[0].stats.density_changes == 0
+    level = slow.states[0].stats.density
+    assert level in LEVELS and slow.states[0].plan.groups[0].k == math.ceil(level * D)
+    assert stats.density_changes >= 1
+
+
+def test_ranks_that_measure_differently_choose_alike_from_the_slowest_compute_and_least_exchange():
+    run = Run(3, SLOW, [0.01, 0.05, 0.09])
+    run.steps(2 * (WINDOW + 1) + 1)
+    levels = {s.density.level for s in run.states}
+    assert len(levels) == 1
+    seconds = run.states[0].density.seconds[DENSE]
+    link = [c.link_seconds for c in run.group.comms]
+    assert seconds <= min(link) / (2 * (WINDOW + 1)) * 1.01, "the exchange is not the least of the ranks'"
+
+    def wire(level: float) -> float:
+        return run.states[0]._wire([("b", 10), ("w", D)], level)
+
+    expected = choose(0.5, 0.09, {DENSE: seconds}, wire)
+    assert levels == {expected}, "the level is not the one the slowest rank's compute (0.09 s) gives"
+    assert expected != choose(0.5, 0.05, {DENSE: seconds}, wire), "the test cannot tell the max from the mean"
+
+
+def test_a_restore_across_a_change_of_level_continues_bitwise():
+    whole = Run(2, SLOW, [0.02, 0.02])
+    whole.steps(2 * (WINDOW + 1))
+    assert whole.states[0].density.changes >= 1, "no change of level before the checkpoint"
+    saved = [s.tensors() for s in whole.states]
+    clocks = [(s._ended, c.link_seconds) for s, c in zip(whole.states, whole.group.comms)]
+    fake = list(whole.fake)
+    later = whole.steps(2 * WINDOW, first=2 * (WINDOW + 1))
+    assert len(whole.states[0].density.seconds) >= 2, "no decision after the checkpoint"
+
+    def resumed(restore: bool) -> tuple[Run, list]:
+        run = Run(2, SLOW, [0.02, 0.02])
+        run.fake = list(fake)
+        for state, comm, tensors, (ended, link) in zip(run.states, run.group.comms, saved, clocks):
+            state.restore(tensors if restore else {n: {**t, "density": None} for n, t in tensors.items()})
+            state._ended, comm.link_seconds = ended, link  # the clock as the uninterrupted run had it
+        return run, run.steps(2 * WINDOW, first=2 * (WINDOW + 1))
+
+    run, again = resumed(True)
+    assert run.states[0].density == whole.states[0].density
+    for a, b in zip(later, again):
+        for x, y in zip(a, b):
+            for name in x:
+                assert torch.equal(x[name], y[name]), f"update of {name} differs after the restore"
+    _, control = resumed(False)  # the residuals without the saved density: another level
+    assert not all(torch.equal(x["w"], y["w"]) for a, b in zip(later, control) for x, y in zip(a, b))
+
+
+def test_a_dense_float16_overflow_raises_on_every_rank_and_says_so():
+    run = Run(2, SLOW, [0.02, 0.02])
+    run.steps(1)
+    before = [s.residual.clone() for s in run.states]
+
+    def one(rank, comm):
+        with pytest.raises(FloatingPointError, match="overflowed float16"):
+            run.states[rank].step({"w": torch.full((D,), 1e6), "b": torch.ones(10)})
+
+    run.group.run(one)
+    assert all(torch.equal(s.residual, b) for s, b in zip(run.states, before))
+
+
+def test_an_explicit_ratio_keeps_a_fixed_level():
+    run = Run(2, SLOW, [0.02, 0.02], ratio=0.01)
+    run.steps(2 * (WINDOW + 1))
+    state = run.states[0]
+    assert state.density is None and state.stats.density == 0.0
+    assert state.plan.groups[0].k == math.ceil(0.01 * D)
+
+
+def test_every_rank_gets_every_ranks_measurements_alike():
+    group = SimulatedRanks(3)
+    states = [EngineState(GsSgd(GsConfig(), TorchOps("torch"), c), CommStats()) for c in group.comms]
+    got = group.run(lambda r, c: states[r]._share(np.array([r, 2.0 * r, 1.0])))
+    assert all(np.array_equal(g, got[0]) for g in got)
+    assert np.array_equal(got[0], [[0, 0, 1], [1, 2, 1], [2, 4, 1]])
+
+
+# --- every torch adapter on real ranks, with the adaptive default ---------------------------
+
+FIRST_DECISION = WINDOW + 2  # step 0 has no compute before it; step 1 is a level's first
+
+
+@pytest.fixture(scope="module", params=["horovod", "ddp", "fsdp"])
+def adapter_ranks(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"density_{request.param}")
+    if request.param == "horovod":
+        return horovodrun("density_ranks.py", 2, "gloo", out, "horovod")
+    return torchrun("density_ranks.py", 2, out, request.param)
+
+
+def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapter_ranks):
+    for r in adapter_ranks:
+        tight, loose = r["tight"], r["loose"]
+        assert tight["levels"][:FIRST_DECISION] == [DENSE] * FIRST_DECISION, tight["levels"]
+        assert tight["levels"][FIRST_DECISION:] == [LEVELS[0]] * (len(tight["levels"]) - FIRST_DECISION), \
+            tight["levels"]
+        assert tight["changes"] == 1 and tight["gather_bytes"] > 0
+        assert loose["levels"] == [DENSE] * len(loose["levels"]) and loose["changes"] == 0
+        assert loose["gather_bytes"] == 0 and loose["dense_bytes"] > 0
+    for label in ("tight", "loose"):
+        digests = [r[label]["digests"] for r in adapter_ranks]
+        assert all(d == digests[0] for d in digests[1:]), f"{label}: ranks' models differ"
+        assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"

@@ -1,0 +1,113 @@
+"""The adaptive density (``ratio="auto"``, the default) on real ranks, one adapter per run; one
+JSON per rank with, per step, the level the step ran at (``stats.density``) and a digest of
+the model after it.
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR horovod
+    torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py OUT_DIR {ddp,fsdp}
+
+Two budgets make the rule's choice independent of the machine's timings: ``budget=1e-9`` (no
+level fits: the sparsest after the first window) and ``budget=1e6`` (dense fits: stays dense).
+"""
+
+import hashlib
+import sys
+
+import torch
+import torch.nn.functional as F
+from rank_result import write_result
+
+STEPS = 12
+BUDGETS = {"tight": 1e-9, "loose": 1e6}
+
+
+def mlp() -> torch.nn.Sequential:
+    """32-64-64-10, tanh: 6,922 parameters."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 10))
+
+
+def digest(params: list[torch.Tensor]) -> str:
+    return hashlib.sha256(torch.cat([p.detach().float().reshape(-1) for p in params]).numpy().tobytes()).hexdigest()
+
+
+def params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return list(model.parameters())
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.full_tensor() for p in model.parameters()]
+
+
+def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, stats, full) -> dict:
+    levels, digests = [], []
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        levels.append(stats.density)
+        digests.append(digest(full(model)))
+    return {"levels": levels, "digests": digests, "gather_bytes": stats.gather_bytes,
+            "dense_bytes": stats.dense_bytes, "changes": stats.density_changes}
+
+
+def horovod(out: dict) -> int:
+    import horovod.torch as hvd
+
+    from gs_horovod.torch import GsSketch
+
+    hvd.init()
+    for label, budget in BUDGETS.items():
+        model = mlp()
+        gs = GsSketch(min_size=64, budget=budget)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), compression=gs)
+        out[label] = train(model, opt, hvd.rank(), gs.stats, params)
+    return hvd.rank()
+
+
+def ddp(out: dict) -> int:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gs_horovod.ddp import GsState, gs_hook
+
+    dist.init_process_group("gloo")
+    for label, budget in BUDGETS.items():
+        model = DistributedDataParallel(mlp())
+        state = GsState(model=model, min_size=64, budget=budget)
+        model.register_comm_hook(state, gs_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out[label] = train(model, opt, dist.get_rank(), state.stats, params)
+    return dist.get_rank()
+
+
+def fsdp(out: dict) -> int:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+    for label, budget in BUDGETS.items():
+        model = mlp()
+        for layer in (model[0], model[2], model[4]):
+            fully_shard(layer, mesh=mesh["shard"])
+        fully_shard(model, mesh=mesh["shard"])
+        state = GsFsdpState(mesh.get_group("replicate"), model=model, min_size=64, budget=budget)
+        register_fsdp_hooks(model, state)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out[label] = train(model, opt, dist.get_rank(), state.stats,
+                           full_params)
+    return dist.get_rank()
+
+
+if __name__ == "__main__":
+    out_dir, adapter = sys.argv[1], sys.argv[2]
+    result: dict = {}
+    rank = {"horovod": horovod, "ddp": ddp, "fsdp": fsdp}[adapter](result)
+    write_result(out_dir, rank, result)
