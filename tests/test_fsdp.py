@@ -58,48 +58,49 @@ def pre_filtered(inputs: list[list[dict]], step: int, residuals: list[np.ndarray
     return a, [np.argsort(-np.abs(x), kind="stable")[:k] for x in a], k
 
 
-def top_k_allgather(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
-    """Each step's update of every rank of one replicate group, recomputed: each rank's top-k
-    of |a|; their union applied with the sum over ranks of what each fed, over P; e = a
-    without what this rank fed."""
-    size = len(inputs)
-    residuals = [np.zeros_like(flat(inputs[0][0])) for _ in range(size)]
+def replay(inputs: list[list[dict]], ratio: float, select) -> list[np.ndarray]:
+    """Each step's update of every rank of one replicate group, recomputed: ``select(a, fed, k)``
+    gives the update and, per rank, the coordinates of its a that went into it (zeroed: e)."""
+    residuals = [np.zeros_like(flat(inputs[0][0])) for _ in range(len(inputs))]
     updates = []
     for step in range(len(inputs[0])):
-        a, fed, _ = pre_filtered(inputs, step, residuals, ratio)
-        total = np.zeros_like(a[0])
-        for x, idx in zip(a, fed):
-            total[idx] += x[idx]
-        updates.append(total / np.float32(size))
-        for x, idx in zip(a, fed):
+        a, fed, k = pre_filtered(inputs, step, residuals, ratio)
+        update, sent = select(a, fed, k)
+        updates.append(update)
+        for x, idx in zip(a, sent):
             x[idx] = 0
         residuals = a
     return updates
 
 
+def union_sum(a: list[np.ndarray], fed: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over ranks of what each fed, and which coordinates any rank fed."""
+    total, in_union = np.zeros_like(a[0]), np.zeros(len(a[0]), bool)
+    for x, idx in zip(a, fed):
+        total[idx] += x[idx]
+        in_union[idx] = True
+    return total / np.float32(len(a)), in_union
+
+
+def top_k_allgather(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
+    """Top-k allgather: each rank's top-k of |a|; their union applied with the sum over ranks of
+    what each fed, over P; e = a without what this rank fed."""
+    return replay(inputs, ratio, lambda a, fed, k: (union_sum(a, fed)[0], fed))
+
+
 def top_k_of_the_union(inputs: list[list[dict]], ratio: float) -> list[np.ndarray]:
-    """The same with the sparse exchange's selection: of the union of the ranks' top-k, the k
-    of largest |sum over ranks / P| (ties to the lower index) applied; e = a without what this
-    rank fed of those k."""
-    size = len(inputs)
-    residuals = [np.zeros_like(flat(inputs[0][0])) for _ in range(size)]
-    updates = []
-    for step in range(len(inputs[0])):
-        a, fed, k = pre_filtered(inputs, step, residuals, ratio)
-        total, in_union = np.zeros_like(a[0]), np.zeros(len(a[0]), bool)
-        for x, idx in zip(a, fed):
-            total[idx] += x[idx]
-            in_union[idx] = True
-        means = total / np.float32(size)
+    """The sparse exchange's selection: of the union of the ranks' top-k, the k of largest
+    |sum over ranks / P| (ties to the lower index) applied; e = a without what this rank fed of
+    those k."""
+    def select(a: list[np.ndarray], fed: list[np.ndarray], k: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        means, in_union = union_sum(a, fed)
         union = np.flatnonzero(in_union)
         chosen = union[np.lexsort((union, -np.abs(means[union])))[:k]]
         update = np.zeros_like(means)
         update[chosen] = means[chosen]
-        updates.append(update)
-        for x, idx in zip(a, fed):
-            x[np.intersect1d(idx, chosen)] = 0
-        residuals = a
-    return updates
+        return update, [np.intersect1d(idx, chosen) for idx in fed]
+
+    return replay(inputs, ratio, select)
 
 
 def test_top_k_allgather_update_equals_numpy_from_every_ranks_shard_gradients(ranks):

@@ -12,16 +12,19 @@ three floats each and every rank, from the same numbers, chooses::
     t_x(L)     seconds of the engine step at level L (selection, collectives, decoding), the
                least of the ranks' window means: a rank's collectives also wait for the
                slowest rank, and the rank that waited least measured the exchange itself
-    L*         the densest level with  cost(L) ≤ budget · t_c,  else the sparsest level
-    cost(L)    t_x(L) where L was measured; else fixed + wire(L) · per_byte
+    L          the densest of LEVELS whose link seconds fit:  wire(L) · per_byte ≤ budget · t_c
+    L*         DENSE if  cost(DENSE) ≤ max(budget · t_c, cost(L)),  else L
+    cost(L)    t_x(L) where L was measured; else fixed + wire(L) · per_byte (DENSE: no fixed)
     per_byte   t_x(DENSE) / wire(DENSE)         (seconds a wire byte costs, from the dense window)
     fixed      t_x(S) − wire(S) · per_byte ≥ 0  (the selection's own seconds, from the densest
                sparse level S measured; 0 before one)
 
+The budget bounds the link's share: the selection costs about the same at every level (a
+top-k over D), so it does not decide k, only whether sending everything dense is cheaper.
 wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.wire.total_wire_bytes`)
-of the plan at L. A level once measured keeps its seconds, so the choice settles: a level
-measured over budget is not chosen again while t_c stays. A change of world (Horovod elastic)
-starts the rule again (:meth:`Density.restart`).
+of the plan at L. The link's seconds a byte come from the dense window alone, so the sparse
+level moves only with t_c. A change of world (Horovod elastic) starts the rule again
+(:meth:`Density.restart`).
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ CHOICES = (*LEVELS, DENSE)
 
 
 def choose(budget: float, compute: float, seconds: dict[float, float], wire: Callable[[float], float]) -> float:
-    """The densest of :data:`CHOICES` whose cost is at most ``budget · compute`` seconds, else the
-    sparsest. ``seconds``: level → measured mean seconds of its engine step; ``wire``: level →
-    wire bytes of its plan. Unmeasured levels are priced as in the module's docstring."""
+    """The level of the module's rule: the densest of :data:`LEVELS` whose link seconds are at most
+    ``budget · compute`` (else the sparsest), or DENSE where that costs no more than the budget or
+    than the sparse level. ``seconds``: level → measured mean seconds of its engine step;
+    ``wire``: level → wire bytes of its plan."""
     per_byte = 0.0
     if DENSE in seconds and wire(DENSE) > 0:
         per_byte = seconds[DENSE] / wire(DENSE)
@@ -54,8 +58,10 @@ def choose(budget: float, compute: float, seconds: dict[float, float], wire: Cal
             return seconds[level]
         return (0.0 if level == DENSE else fixed) + wire(level) * per_byte
 
-    fitting = [lv for lv in CHOICES if cost(lv) <= budget * compute]
-    return fitting[-1] if fitting else LEVELS[0]
+    allowed = budget * compute
+    fitting = [lv for lv in LEVELS if wire(lv) * per_byte <= allowed]
+    level = fitting[-1] if fitting else LEVELS[0]
+    return DENSE if cost(DENSE) <= max(allowed, cost(level)) else level
 
 
 @dataclass
