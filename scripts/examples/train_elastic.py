@@ -29,6 +29,8 @@ from gs_horovod.torch import GsSketch
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compression", choices=["gs", "none"], default="gs")
+    p.add_argument("--ratio", type=float, default=None,
+                   help="gs: a fixed fraction of coordinates a step (default: GsSketch's ratio='auto')")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
@@ -53,7 +55,8 @@ def main() -> None:
 
     model = MnistCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    compression = GsSketch() if args.compression == "gs" else hvd.Compression.none
+    options = {} if args.ratio is None else {"ratio": args.ratio}
+    compression = GsSketch(**options) if args.compression == "gs" else hvd.Compression.none
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
     extra = {"gs": compression} if args.compression == "gs" else {}
