@@ -63,19 +63,19 @@ def test_more_compute_a_step_buys_a_denser_level():
 
 
 def test_a_window_takes_the_least_exchange_and_the_slowest_compute():
-    d = Density(0.5, DENSE, WINDOW)
+    d = Density(DENSE, WINDOW)
     waited = np.array([[0.5, 0.30, WINDOW], [0.4, 0.05, WINDOW]])  # rank 0 waited for rank 1
-    assert d.decide(lambda local: waited, wire_of) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
+    assert d.decide(lambda local: waited, wire_of, 0.5) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
     assert d.seconds == {DENSE: 0.01} and d.measured == 0
-    d = Density(0.5, DENSE, WINDOW)
-    assert d.decide(lambda local: waited[::-1] * [1, 6, 1], wire_of) in LEVELS  # now 0.06 s > 0.05 s
+    d = Density(DENSE, WINDOW)
+    assert d.decide(lambda local: waited[::-1] * [1, 6, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
 
 
 def test_density_state_survives_its_state_dict():
-    d = Density(0.5, 0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1)
-    assert Density.from_state(d.state_dict(), 0.5) == d
+    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1)
+    assert Density.from_state(d.state_dict()) == d
     with pytest.raises(ValueError, match="saved density level 0.3"):
-        Density.from_state({**d.state_dict(), "level": 0.3}, 0.5)
+        Density.from_state({**d.state_dict(), "level": 0.3})
 
 
 # --- options ---------------------------------------------------------------------------------

@@ -74,7 +74,6 @@ class Density:
     this rank's summed seconds of those steps (its own, until agreed); seconds: level → agreed
     mean seconds of its engine step; changes: how often the level changed."""
 
-    budget: float = DEFAULT_BUDGET
     level: float = DENSE
     measured: int = -1  # the first step at a level is not measured
     compute: float = 0.0
@@ -99,15 +98,16 @@ class Density:
         self.compute += compute
         self.exchange += exchange
 
-    def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float]) -> float:
-        """Ends the window: ``share`` gathers every rank's (3,) [compute, exchange, steps] as (P, 3)
+    def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float],
+               budget: float) -> float:
+        """Ends the window under ``budget``: ``share`` gathers every rank's (3,) [compute, exchange, steps] as (P, 3)
         (one allgather, collective); the level is then chosen from them (:func:`choose`: the
         slowest rank's compute, the least exchange), the same on every rank. Returns the new level."""
         every = np.asarray(share(np.array([self.compute, self.exchange, self.measured], dtype=np.float64)),
                            dtype=np.float64).reshape(-1, 3)
         steps = np.maximum(every[:, 2], 1.0)
         self.seconds[self.level] = float((every[:, 1] / steps).min())
-        chosen = choose(self.budget, float((every[:, 0] / steps).max()), self.seconds, wire)
+        chosen = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire)
         if chosen != self.level:
             self.level, self.changes, self.measured = chosen, self.changes + 1, -1
         else:
@@ -121,13 +121,13 @@ class Density:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain floats and ints (checkpoint-safe)."""
-        return {**asdict(self), "seconds": {float(k): float(v) for k, v in self.seconds.items()}}
+        return asdict(self)
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], budget: float) -> Density:
-        """The saved state under this run's ``budget``; raises ValueError on an unknown level."""
+    def from_state(cls, state: dict[str, Any]) -> Density:
+        """The saved state; raises ValueError on an unknown level."""
         level = float(state["level"])
         if not any(math.isclose(level, c) for c in CHOICES):
             raise ValueError(f"saved density level {level} is not one of {CHOICES}")
-        return cls(budget, level, int(state["measured"]), float(state["compute"]), float(state["exchange"]),
+        return cls(level, int(state["measured"]), float(state["compute"]), float(state["exchange"]),
                    {float(k): float(v) for k, v in state["seconds"].items()}, int(state["changes"]))

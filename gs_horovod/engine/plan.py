@@ -61,9 +61,7 @@ class Plan:
     :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.wire` kind the
     transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
     merge="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
-    ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise; dense_dtype: the
-    dtype a dense step sends ("float16" at the DENSE level, else "float32": warm-up, nothing
-    to compress).
+    ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise.
     """
 
     names: tuple[str, ...]
@@ -79,7 +77,6 @@ class Plan:
     ranks: int = 1
     allreduce_kind: str = "allreduce"
     level: Optional[float] = None
-    dense_dtype: str = "float32"
 
     @classmethod
     def build(cls, names: list[str], sizes: list[int], config: GsConfig, dense_names: tuple[str, ...] = (),
@@ -102,7 +99,7 @@ class Plan:
         offsets, total = starts_of(tuple(sizes)), sum(sizes)
         if level == DENSE:
             return cls(tuple(names), tuple(sizes), tuple(offsets), (), total, tuple(dense_names), tuple(dense_sizes),
-                       ranks=ranks, allreduce_kind=allreduce_kind, level=level, dense_dtype="float16")
+                       ranks=ranks, allreduce_kind=allreduce_kind, level=level)
         if config.scope == "global":
             spans = [(0, total, "all compressed tensors")] if total else []
         else:
@@ -149,6 +146,12 @@ class Plan:
                          tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind, level=level)
 
     @property
+    def dense_dtype(self) -> str:
+        """The dtype a dense step sends: "float16" at the DENSE level, else "float32" (warm-up,
+        nothing to compress)."""
+        return "float16" if self.level == DENSE else "float32"
+
+    @property
     def all_names(self) -> tuple[str, ...]:
         return self.names + self.dense_names
 
@@ -169,7 +172,7 @@ class Plan:
         size, (alltoall, allgather) (:class:`~gs_horovod.engine.step.StepResult`), None for the
         planned bytes."""
         if dense or not self.groups:
-            itemsize = 2 if self.dense_dtype == "float16" else 4
+            itemsize = 2 if self.level == DENSE else 4
             return Payload(dense=(self.total + sum(self.dense_sizes)) * itemsize)
         exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
         own = EXCHANGES[self.exchange].payload(self, config, measured)

@@ -121,7 +121,7 @@ class EngineState:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.engine, self.stats, self.sizes = engine, stats, dict(sizes or {})
         config = engine.config
-        self.density = Density(config.budget_or_default) if config.adaptive else None
+        self.density = Density() if config.adaptive else None
         self.clock = clock
         self._ended: Optional[float] = None  # the clock at the end of the last step
         self._wires: dict[tuple[Any, ...], float] = {}
@@ -160,7 +160,7 @@ class EngineState:
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
         begun = self.clock()
         if density is not None and density.due:
-            density.decide(self._share, lambda level: self._wire(named, level))
+            density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
         level = None if density is None else density.level
         self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level),
                       like)
@@ -213,11 +213,11 @@ class EngineState:
         if self.plan is None:
             return {}
         ops, out = self.ops, {}
+        density = {} if self.density is None else {"density": self.density.state_dict()}
         for n, o, d in zip(self.plan.names, self.plan.offsets, self.plan.sizes):
             momentum = None if self.momentum is None else ops.copy(ops.slice(self.momentum, o, d))
-            out[n] = {"residual": ops.copy(ops.slice(self.residual, o, d)), "momentum": momentum, "steps": self.steps}
-            if self.density is not None:
-                out[n]["density"] = self.density.state_dict()
+            out[n] = {"residual": ops.copy(ops.slice(self.residual, o, d)), "momentum": momentum, "steps": self.steps,
+                      **density}
         return out
 
     def restore(self, tensors: dict[str, dict[str, Any]]) -> None:
@@ -231,8 +231,9 @@ class EngineState:
                 check_restored(name, int(residual.shape[0]), self.sizes[name])
             momentum = None if saved["momentum"] is None else saved["momentum"].reshape(-1)
             self.pending[name] = {"residual": residual, "momentum": momentum, "steps": int(saved["steps"])}
-            if self.density is not None and saved.get("density") is not None:
-                self.density = Density.from_state(saved["density"], self.engine.config.budget_or_default)
+        densities = [saved["density"] for saved in tensors.values() if saved.get("density") is not None]
+        if self.density is not None and densities:  # one optimizer's: the same in every tensor
+            self.density = Density.from_state(densities[0])
         if self.plan is not None:  # laid out again: the restored tensors over the current ones
             plan, self.pending = self.plan, {**self._current(), **self.pending}
             self.plan = None

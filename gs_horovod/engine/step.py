@@ -144,10 +144,7 @@ class GsSgd:
         averaged in ``plan.dense_dtype``; residual and momentum restart at zero."""
         ops = self.ops
         full = ops.concat([x for x in (acc.a, acc.dense) if x is not None])
-        if plan.dense_dtype == "float32":
-            mean = self.comm.allreduce(full, "gs_horovod.dense")
-        else:
-            mean = ops.cast(self.comm.allreduce(ops.cast(full, plan.dense_dtype), "gs_horovod.dense"), "float32")
+        mean = ops.cast(self.comm.allreduce(ops.cast(full, plan.dense_dtype), "gs_horovod.dense"), "float32")
         finite = ops.all_finite(mean)
         checks = [*checks, self._fail_unless_finite(plan, finite, acc, prior.steps)]
         zeros = ops.zeros((plan.total,), full)
