@@ -63,7 +63,13 @@ class GsState(CheckpointApi):
       and momentum (D,) f32 laid out by key, steps, warm-up. Gradients of ``min_size``
       elements and more are compressed (in f32, whatever their dtype), the others averaged
       exactly in the exact round.
-    - ``pending``: this step's buckets waiting for the last one: (future, keys, dtype).
+    - ``pending``: this step's buckets waiting for the last one: (future, keys, dtype, early),
+      early being (float16 buffer, work) of the bucket's own allreduce in an early dense step.
+
+    Where the whole step goes dense anyway (``ratio="auto"`` at its DENSE level with zero
+    residuals, :meth:`EngineState.dense_ahead`), each bucket's gradients are allreduced in
+    float16 (scaled by 1/P first) as the bucket arrives, overlapping backward as torch's
+    ``fp16_compress_hook`` does; the last bucket then runs the step's checks on the means.
 
     Each step starts with one 4-byte allreduce of the ranks' step flags, issued at the first
     bucket and awaited at the last (a restore from :meth:`load_state_dict` on rank 0, or a rank
@@ -96,8 +102,7 @@ class GsState(CheckpointApi):
         ops = TorchOps(self.config.backend)
         self.comm = DistCollectives(process_group, ops)
         self.engine = EngineState(GsSgd(self.config, ops, self.comm), self.stats, {n: p.numel() for n, p in named})
-        self.pending: list[tuple[torch.futures.Future, list[str], torch.dtype]] = []
-        self._grads: dict[str, torch.Tensor] = {}
+        self.pending: list[tuple[torch.futures.Future, list[str], torch.dtype, Any]] = []
         self._flags: Optional[tuple[torch.Tensor, Any]] = None  # this step's flags allreduce: (tensor, work)
 
     def __repr__(self) -> str:
@@ -111,14 +116,18 @@ class GsState(CheckpointApi):
                 raise RuntimeError(self._out_of_step)
             flags = torch.full((1,), self.step_flag(), dtype=torch.float32, device=self.comm.device)
             self._flags = (flags, dist.all_reduce(flags, group=self.process_group, async_op=True))
-        names = []
+        names, grads = [], []
         for p, grad in zip(bucket.parameters(), bucket.gradients()):
             name = self._key_of(p)
-            self._grads[name] = grad.detach().reshape(-1).float()
+            grads.append(grad.detach().reshape(-1).float())
+            self.engine.record(name, grads[-1])
             names.append(name)
+        early = None
+        if self.engine.early:  # the whole step goes dense: this bucket's mean in float16 now, overlapping backward
+            early = self.comm.allreduce_async(torch.cat(grads))
         buffer = bucket.buffer()
         future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-        self.pending.append((future, names, buffer.dtype))
+        self.pending.append((future, names, buffer.dtype, early))
         if bucket.is_last():
             self._finish()
         return future
@@ -142,17 +151,25 @@ class GsState(CheckpointApi):
         gradients; each future gets its bucket's updates (flat, the bucket's dtype). If either
         raises, the error propagates out of this (the last) hook, so ``backward()`` raises it,
         and the earlier buckets' futures hold it."""
-        pending, grads, (flags, work) = self.pending, self._grads, self._flags
-        self.pending, self._grads, self._flags = [], {}, None
+        pending, (flags, work), engine = self.pending, self._flags, self.engine
+        self.pending, self._flags = [], None
         try:
             work.wait()
             self.agree(float(flags[0]))
-            updates = self.engine.step(grads)
+            if engine.early and engine.dense_ahead():  # else a restore gave residuals back: the engine sends a
+                updates = None
+                for _, names, _, (half, reduced) in pending:
+                    reduced.wait()
+                    sizes = [int(engine.grads[n].shape[0]) for n in names]
+                    for name, mean in zip(names, torch.split(half, sizes)):
+                        updates = engine.take_mean(name, mean)
+            else:
+                updates = {n: engine.update_of(n) for _, names, _, _ in pending for n in names}
         except Exception as error:
-            for future, _, _ in pending:
+            for future, *_ in pending:
                 future.set_exception(error)
             raise
-        for future, names, dtype in pending:
+        for future, names, dtype, _ in pending:
             future.set_result(torch.cat([updates[n].to(dtype) for n in names]))
 
     def local_state_dict(self) -> dict[str, Any]:

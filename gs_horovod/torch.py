@@ -13,6 +13,11 @@ name, then in ``synchronize()`` calls ``decompress(result, ctx)`` for every grad
 only records the gradient and hands Horovod one float to allreduce; the first ``decompress``
 of the step runs the whole engine step over all recorded gradients (one sketch merge, one
 exact round, issued in name order on every rank) and each ``decompress`` returns its slice.
+One exception: where the step sends everything dense anyway (``ratio="auto"`` at its DENSE
+level with zero residuals, :meth:`EngineState.dense_ahead`), ``compress`` hands Horovod the
+flag and the gradient in float16, so Horovod's allreduce overlaps backward as with
+``hvd.Compression.fp16``; each ``decompress`` then returns a gradient buffer that the last one
+fills, once every mean has arrived and the step's checks have passed.
 
 Per-parameter state (a :class:`gs_horovod.engine.state.EngineState` per optimizer) is keyed by the
 parameter's name in the ``DistributedOptimizer`` that calls us, found from the calling frame
@@ -74,10 +79,14 @@ class _Params:
 
 @dataclass(frozen=True)
 class _Ctx:
+    """What ``decompress`` needs of one gradient: its state and name, its shape and dtype, and
+    whether its payload is the gradient itself in float16 (an early dense step)."""
+
     state: EngineState
     name: str
     shape: torch.Size
     dtype: torch.dtype
+    early: bool = False
 
 
 class GsSketch(GsSketchBase, Compressor):
@@ -95,6 +104,7 @@ class GsSketch(GsSketchBase, Compressor):
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
         self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, _Params]] = weakref.WeakKeyDictionary()
+        self._early_out: dict[EngineState, dict[str, torch.Tensor]] = {}  # gradients handed out, filled at the last
 
     def _make_ops(self) -> TorchOps:
         return TorchOps(self.config.backend)
@@ -114,27 +124,45 @@ class GsSketch(GsSketchBase, Compressor):
         """Returns (payload, ctx): for a float tensor one float, this rank's step flag
         (:meth:`~gs_horovod.checkpoint.CheckpointApi.step_flag`: 0, or a restore or abort
         request; the gradient is recorded, and the real exchange happens at the step's first
-        decompress: sketched from ``min_size`` elements on, sent exactly below it); for a sparse
-        or non-float tensor the tensor itself with ctx None."""
+        decompress: sketched from ``min_size`` elements on, sent exactly below it), followed in
+        an early dense step by the gradient itself, (1 + d,) float16; for a sparse or non-float
+        tensor the tensor itself with ctx None."""
         if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         state, name = self._state_of(tensor)
-        state.record(name, tensor.detach().reshape(-1).float())
+        grad = tensor.detach().reshape(-1)
+        state.record(name, grad.float())
         flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
+        if state.early and self.merge == "horovod":  # the flag in float16: an abort (65536) reads as inf
+            return torch.cat([flag.half(), grad.half()]), _Ctx(state, name, tensor.shape, tensor.dtype, True)
         return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 
     @DefaultInstanceMethod
     def decompress(self, tensor: torch.Tensor, ctx: Optional[_Ctx]) -> torch.Tensor:
         """Returns a tensor of the gradient's shape, dtype and device: the step's update of
         this parameter (its exact mean below ``min_size``). The step's first decompress reads
-        the flags Horovod merged (a rank-0 restore runs here, before the step)."""
+        the flags Horovod merged (a rank-0 restore runs here, before the step, and turns an
+        early dense step into an engine step). In an early dense step the tensor is filled when
+        the step's last decompress has every mean."""
         if ctx is None:
             return tensor
-        if ctx.state.updates is None:  # the step's first decompress: its flags arrived (CheckpointApi.agree)
-            comm = ctx.state.engine.comm
-            self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))
-        return ctx.state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
+        state = ctx.state
+        if state.updates is None and not state.means:  # the step's first decompress: its flags arrived
+            comm = state.engine.comm
+            self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))  # CheckpointApi.agree
+            state.early = state.early and state.dense_ahead()  # a restore gave residuals back: the engine sends a
+            self._early_out[state] = {}
+        if not (ctx.early and state.early):
+            return state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
+        out = torch.empty(ctx.shape, dtype=ctx.dtype, device=tensor.device)
+        outs = self._early_out[state]
+        outs[ctx.name] = out
+        updates = state.take_mean(ctx.name, tensor[1:])
+        if updates is not None:
+            for name, buffer in outs.items():
+                buffer.view(-1).copy_(updates[name])
+        return out
 
     @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
@@ -155,6 +183,7 @@ class GsSketch(GsSketchBase, Compressor):
         it keeps what was committed."""
         self._states.clear()
         self._restored.clear()
+        self._early_out.clear()
         self._comms = None
         self._forget_checkpoint_calls()
 

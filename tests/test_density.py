@@ -253,3 +253,36 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         digests = [r[label]["digests"] for r in adapter_ranks]
         assert all(d == digests[0] for d in digests[1:]), f"{label}: ranks' models differ"
         assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"
+
+
+def test_horovod_hands_dense_steps_to_its_own_allreduce_in_float16_as_backward_produces_them(adapter_ranks):
+    """At the DENSE level with zero residuals GsSketch's compress returns the flag and the
+    gradient in float16 (Horovod's allreduce overlaps backward, as with Compression.fp16), and
+    the step applies the ranks' mean of the float16 gradients; sparse levels hand one flag."""
+    if "handed" not in adapter_ranks[0]["loose"]:
+        pytest.skip("Horovod's compress only")
+    sizes = [10, 64, 64, 640, 2048, 4096]  # density_ranks.mlp's parameters
+    for r in adapter_ranks:
+        loose, tight = r["loose"], r["tight"]
+        early = [["torch.float16", d + 1] for d in sizes]
+        assert all(h == early for h in loose["handed"]), loose["handed"]
+        assert max(loose["errors"]) <= 2.0 ** -11 * 4, loose["errors"]  # within float16 rounding of the sum
+        assert tight["handed"][-1] == [["torch.float32", 1]] * len(sizes), tight["handed"][-1]
+        assert tight["handed"][0] == loose["handed"][0]  # dense until the first decision
+
+
+def test_ddp_allreduces_each_bucket_in_float16_as_it_arrives_while_the_step_is_dense(adapter_ranks):
+    """GsState's hook at the DENSE level with zero residuals: one float16 allreduce per bucket
+    (issued by that bucket's hook, overlapping backward), no engine allreduce of the whole
+    vector; at a sparse level the engine's exchange instead."""
+    if "collectives" not in adapter_ranks[0]["loose"]:
+        pytest.skip("DDP's hook only")
+    d = 10 + 64 + 64 + 640 + 2048 + 4096  # density_ranks.mlp's parameters
+    for r in adapter_ranks:
+        loose = [tuple(c) for c in r["loose"]["collectives"]]
+        buckets = [n for kind, n in loose if kind == "allreduce"]  # (the others: the density's allgathers)
+        steps = len(r["loose"]["levels"])
+        assert len(buckets) > steps, loose  # DDP rebuilds its buckets after step 0
+        assert sum(buckets) == steps * 2 * d, (sum(buckets), steps * 2 * d)  # every coordinate in float16, once
+        sparse = sum(n for kind, n in r["tight"]["collectives"] if kind == "allreduce")
+        assert sparse < steps * 2 * d, r["tight"]["collectives"]

@@ -21,10 +21,10 @@ import numpy as np
 from ..array_ops import Array, ArrayOps
 from ..transports.wire import total_wire_bytes
 from .config import GsConfig
-from .density import Density
+from .density import DENSE, Density
 from .payload import Payload
 from .plan import Plan
-from .step import GsSgd
+from .step import GsSgd, Prior, StepResult
 
 
 @dataclass
@@ -115,6 +115,8 @@ class EngineState:
     - ``density``: under ``ratio="auto"`` the :class:`~gs_horovod.engine.density.Density` that
       picks each step's level (None otherwise); ``clock``: the seconds it measures steps with
       (``time.perf_counter``; simulated ranks pass their modelled clock).
+    - ``early``: whether this step's gradients may leave as they are recorded (:meth:`dense_ahead`
+      at the step's first record); ``means``: their merged means so far (:meth:`take_mean`).
     """
 
     def __init__(self, engine: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None,
@@ -124,6 +126,8 @@ class EngineState:
         self.density = Density() if config.adaptive else None
         self.clock = clock
         self._ended: Optional[float] = None  # the clock at the end of the last step
+        self._recorded: Optional[float] = None  # the clock at the step's last record
+        self._zero = True  # residual and momentum are zero (no step yet, or a dense one last)
         self._wires: dict[tuple[Any, ...], float] = {}
         self.plan: Optional[Plan] = None
         self.residual: Any = None
@@ -133,6 +137,8 @@ class EngineState:
         self.grads: dict[str, Array] = {}
         self.updates: Optional[dict[str, Array]] = None
         self.pending: dict[str, dict[str, Any]] = {}
+        self.early = False
+        self.means: dict[str, Array] = {}
 
     @property
     def ops(self) -> ArrayOps:
@@ -141,9 +147,45 @@ class EngineState:
     def record(self, name: str, grad: Array) -> None:
         """Records this step's gradient (d,) f32 of ``name``; the first record after the
         updates were handed out starts a new step (an unfinished one, e.g. raised, is dropped)."""
-        if self.updates is not None:
-            self.grads, self.updates = {}, None
+        if self.updates is not None or self.means:
+            self.grads, self.updates, self.means = {}, None, {}
+        if not self.grads:
+            self.early = self.dense_ahead()
         self.grads[name] = grad
+        if self.density is not None:
+            self._recorded = self.clock()
+
+    def dense_ahead(self) -> bool:
+        """Whether the next step sends every a = g as it is (the DENSE level of ``ratio="auto"``
+        with residual and momentum zero and nothing restored pending): an adapter may then hand
+        each gradient to its framework's float16 allreduce as backward produces it, overlapping
+        the two, and finish the step with :meth:`take_mean`."""
+        density = self.density
+        return density is not None and density.level == DENSE and not density.due and self._zero \
+            and not self.pending
+
+    def take_mean(self, name: str, mean: Array) -> Optional[dict[str, Array]]:
+        """Records the ranks' mean (d,) (float16, or any float dtype; the sum under a summing
+        op) of ``name``'s recorded gradient, merged by the adapter's framework in an
+        :attr:`early` step. Once every recorded gradient has its mean, runs the step
+        (:meth:`GsSgd.dense_from_mean`: checks, NaN/Inf rule, counts, density) and returns each
+        tensor's update (d,) f32; None before."""
+        self.means[name] = mean
+        if len(self.means) < len(self.grads):
+            return None
+        config, comm, ops = self.engine.config, self.engine.comm, self.ops
+        like = next(iter(self.grads.values()))
+        named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
+        self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=DENSE),
+                      like)
+        plan, ended, self._ended = self.plan, self._ended, None
+        begun = self._recorded
+        with ops.own_threads():
+            mean = ops.concat([ops.cast(self.means[n], "float32") for n in plan.all_names])
+            result = self.engine.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
+                                                 Prior(self.residual, self.momentum, self.steps), not self.checked)
+        self.updates = {}
+        return self._store(plan, named, result, ended, begun, begun)
 
     def update_of(self, name: str) -> Array:
         """The step's update (d,) f32 of ``name``; the first call runs the step over every
@@ -159,27 +201,38 @@ class EngineState:
         like = next(iter(grads.values()))
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
         begun = self.clock()
-        if density is not None and density.due:
+        if density is not None and density.due:  # a restored state may end a window here
             density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
         level = None if density is None else density.level
         self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level),
                       like)
         plan, ended, self._ended = self.plan, self._ended, None
-        warm = self.steps < config.warmup_steps
         started = self.clock()
         with self.ops.own_threads():
             result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
                                       self.steps, not self.checked, [grads[n] for n in plan.dense_names])
+        return self._store(plan, named, result, ended, begun, started)
+
+    def _store(self, plan: Plan, named: list[tuple[str, int]], result: StepResult, ended: Optional[float],
+               begun: Optional[float], started: Optional[float]) -> dict[str, Array]:
+        """After a step of ``plan``: the density's measurement (compute from the last step's end
+        ``ended`` to ``begun``, exchange from ``started`` to now) and, at a window's end, its next
+        level (decided now, so that the next step's first record knows it); the counts; the new
+        state unless the step was skipped. Returns each tensor's update, a view of the flat one."""
+        config, density, ops = self.engine.config, self.density, self.ops
+        warm = self.steps < config.warmup_steps
         self.checked = True
         if density is not None:
-            self.ops.wait(result.update)
+            ops.wait(result.update)
             self._ended = self.clock()
-            density.observe(None if ended is None else begun - ended, self._ended - started)
-            self.stats.density, self.stats.density_changes = density.level, density.changes
+            density.observe(None if ended is None or begun is None else begun - ended, self._ended - started)
+            if density.due:
+                density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
+            self.stats.density, self.stats.density_changes = plan.level, density.changes
         self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), (result.routed, result.gathered))
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
-        ops = self.ops
+            self._zero = warm or not plan.groups
         return {n: ops.slice(result.update, o, d) for n, o, d in zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
 
     def _share(self, local: np.ndarray) -> np.ndarray:
@@ -225,6 +278,7 @@ class EngineState:
         any device, any float dtype); sizes are checked against the known ones now, the rest
         when laid out, where they are copied to the step's device in float32. A saved density
         (``ratio="auto"``) is taken as this state's; without one the density is kept."""
+        self._zero = self._zero and not tensors
         for name, saved in tensors.items():
             residual = saved["residual"].reshape(-1)
             if name in self.sizes:
@@ -244,7 +298,7 @@ class EngineState:
         :meth:`tensors` gave them): tensors absent from it start from zero, and with none the
         steps are 0; a density absent from it starts again. Not collective."""
         self.plan, self.residual, self.momentum, self.steps, self.pending = None, None, None, 0, {}
-        self.grads, self.updates = {}, None
+        self.grads, self.updates, self.means, self._zero = {}, None, {}, True
         self.restart_density()
         self.restore(tensors)
 

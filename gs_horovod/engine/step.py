@@ -37,7 +37,7 @@ run it as graph code (``ops.cond`` is ``tf.cond`` there and a plain ``if`` in to
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from ..array_ops import Array, ArrayOps
 from ..kernels.hashing import HASH_VERSION, hash_keys
@@ -145,12 +145,36 @@ class GsSgd:
         ops = self.ops
         full = ops.concat([x for x in (acc.a, acc.dense) if x is not None])
         mean = ops.cast(self.comm.allreduce(ops.cast(full, plan.dense_dtype), "gs_horovod.dense"), "float32")
+        return self._dense_result(plan, mean, lambda: self._parts(plan, acc), prior, checks)
+
+    def dense_from_mean(self, plan: Plan, mean: Array, local: list[Array], prior: Prior,
+                        check_options: Any) -> StepResult:
+        """A DENSE-level step whose allreduce the adapter's framework already ran: ``mean``
+        (D + dense,) f32 is the ranks' mean (or sum, as the collectives' op) of every tensor's
+        a = g in ``plan.all_names`` order, sent in float16 as backward produced it; ``local``:
+        this rank's (d_i,) f32 gradients in that order (named on the NaN/Inf error path only).
+        Only valid where residual and momentum are zero (:meth:`EngineState.dense_ahead`)."""
+        checks = [self.ops.when(check_options, self._check_options)]
+        return self._dense_result(plan, mean, lambda: local, prior, checks)
+
+    def _dense_result(self, plan: Plan, mean: Array, local: Callable[[], list[Array]], prior: Prior,
+                      checks: list[Any]) -> StepResult:
+        """The dense step from its mean (D + dense,) f32: the update is the mean; residual and
+        momentum restart at zero."""
+        ops = self.ops
         finite = ops.all_finite(mean)
-        checks = [*checks, self._fail_unless_finite(plan, finite, acc, prior.steps)]
-        zeros = ops.zeros((plan.total,), full)
-        applied = StepResult(mean, zeros, ops.zeros((plan.total,), full) if self.config.momentum else None,
-                             prior.steps + 1, finite, ops.count_of(0), ops.count_of(0))
+        checks = [*checks, self._fail_unless_finite(plan, finite, local, prior.steps)]
+        momentum = ops.zeros((plan.total,), mean) if self.config.momentum else None
+        applied = StepResult(mean, ops.zeros((plan.total,), mean), momentum, prior.steps + 1, finite,
+                             ops.count_of(0), ops.count_of(0))
         return self._finish(plan, applied, prior, checks)
+
+    def _parts(self, plan: Plan, acc: Accumulated) -> list[Array]:
+        """This rank's a_t of every compressed tensor, then its small tensors, in
+        ``plan.all_names`` order (views)."""
+        ops = self.ops
+        parts = [ops.slice(acc.a, o, d) for o, d in zip(plan.offsets, plan.sizes)]
+        return parts + [ops.slice(acc.dense, o, d) for o, d in zip(starts_of(plan.dense_sizes), plan.dense_sizes)]
 
     def _compressed(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
         cfg, ops = self.config, self.ops
@@ -158,7 +182,8 @@ class GsSgd:
         fed = [ops.top_abs(ops.slice(acc.a, g.start, g.size), g.fed) + g.start for g in plan.groups] \
             if cfg.prefilter or exchange.sends_pairs else []
         nominated = exchange.nominate(self, plan, acc.a, fed)
-        checks = [*checks, self._fail_unless_finite(plan, nominated.finite, acc, prior.steps)]
+        local = lambda: self._parts(plan, acc)  # noqa: E731
+        checks = [*checks, self._fail_unless_finite(plan, nominated.finite, local, prior.steps)]
         if plan.exact:
             chosen = self._exact_round(plan, acc, nominated, checks, prior.steps)
         else:
@@ -184,7 +209,7 @@ class GsSgd:
         reduced = self.comm.allreduce(local, "gs_horovod.exact")
         exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, sum(plan.dense_sizes))
         finite = ops.logical_and(nominated.finite, ops.all_finite(reduced))
-        checks.append(self._fail_unless_finite(plan, finite, acc, steps))
+        checks.append(self._fail_unless_finite(plan, finite, lambda: self._parts(plan, acc), steps))
         if plan.apply == "all":
             sel, values = cand, exact
         else:
@@ -215,7 +240,7 @@ class GsSgd:
         if acc.dense is not None:
             dense_mean = self.comm.allreduce(acc.dense, "gs_horovod.dense")
             finite = ops.logical_and(finite, ops.all_finite(dense_mean))
-            checks.append(self._fail_unless_finite(plan, finite, acc, steps))
+            checks.append(self._fail_unless_finite(plan, finite, lambda: self._parts(plan, acc), steps))
         return Selection(sel, values, sent, dense_mean, finite)
 
     def _finish(self, plan: Plan, applied: StepResult, prior: Prior, checks: list[Any]) -> StepResult:
@@ -230,18 +255,16 @@ class GsSgd:
             applied = ops.cond(applied.applied, lambda: applied, lambda: skipped)
         return ops.after(checks, applied)
 
-    def _fail_unless_finite(self, plan: Plan, finite: Any, acc: Accumulated, steps: Any) -> Any:
+    def _fail_unless_finite(self, plan: Plan, finite: Any, local: Callable[[], list[Array]], steps: Any) -> Any:
         """Under nonfinite="raise", fails on every rank (the merged payload is the same
-        everywhere) naming the tensors whose a_t is NaN/Inf on some rank; one small allreduce,
-        on the error path only."""
+        everywhere) naming the tensors whose a_t (``local()``, in ``plan.all_names`` order) is
+        NaN/Inf on some rank; one small allreduce, on the error path only."""
         ops = self.ops
         if self.config.nonfinite != "raise":
             return ops.when(False, lambda: None)
 
         def message() -> list[Any]:
-            parts = [(acc.a, o, d) for o, d in zip(plan.offsets, plan.sizes)]
-            parts += [(acc.dense, o, d) for o, d in zip(starts_of(plan.dense_sizes), plan.dense_sizes)]
-            flags = [ops.not_finite(ops.slice(x, o, d)) for x, o, d in parts]
+            flags = [ops.not_finite(x) for x in local()]
             anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
             overflow = (" (or, at the dense float16 level of ratio='auto', overflowed float16: a value above "
                         "65504; give a fixed ratio to send pairs)") if plan.dense_dtype == "float16" else ""

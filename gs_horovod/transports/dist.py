@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import atexit
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -71,6 +71,13 @@ class DistCollectives:
         out = x.clone()
         dist.all_reduce(out, group=self.group)
         return out.div_(self.size)
+
+    def allreduce_async(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """x (n,) f32 → (out (n,) f16, work): once ``work.wait()`` returns, out is the mean of
+        the ranks' x in float16 (scaled by 1/P before the sum, as :meth:`allreduce` does)."""
+        out = half_prescaled(self.ops, x, self.size)
+        count(self.traffic, "allreduce", out)
+        return out, dist.all_reduce(out, group=self.group, async_op=True)
 
     def allreduce_sum(self, x: torch.Tensor, name: str) -> torch.Tensor:
         count(self.traffic, "allreduce", x)

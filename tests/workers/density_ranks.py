@@ -58,13 +58,42 @@ def horovod(out: dict) -> int:
 
     from gs_horovod.torch import GsSketch
 
+    class Payloads(GsSketch):
+        """GsSketch that notes what each compress hands Horovod: (dtype, elements) per step."""
+
+        def compress(self, tensor):
+            payload, ctx = super().compress(tensor)
+            self.handed.append((str(payload.dtype), payload.numel()))
+            return payload, ctx
+
     hvd.init()
     for label, budget in BUDGETS.items():
+        model = mlp()
+        gs = Payloads(min_size=64, budget=budget)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters(), compression=gs)
+        handed, errors = [], []
+        for step in range(STEPS):
+            gs.handed = []
+            g = torch.Generator().manual_seed(1000 * step + hvd.rank())
+            x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            local = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+            opt.synchronize()
+            # the reference: every rank's gradient rounded to float16, averaged in float32
+            errors.append(max(float((p.grad - hvd.allgather(local[name].half().float()[None]).mean(0)).abs().max())
+                              for name, p in model.named_parameters()))
+            with opt.skip_synchronize():
+                opt.step()
+            handed.append(sorted(gs.handed))
+        out[label] = {"handed": handed, "errors": errors, "levels": [], "digests": []}
         model = mlp()
         gs = GsSketch(min_size=64, budget=budget)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), compression=gs)
-        out[label] = train(model, opt, hvd.rank(), gs.stats, params)
+        out[label].update(train(model, opt, hvd.rank(), gs.stats, params))
+        out[label]["handed"], out[label]["errors"] = handed, errors
     return hvd.rank()
 
 
@@ -76,11 +105,13 @@ def ddp(out: dict) -> int:
 
     dist.init_process_group("gloo")
     for label, budget in BUDGETS.items():
-        model = DistributedDataParallel(mlp())
+        model = DistributedDataParallel(mlp(), bucket_cap_mb=0.01)  # buckets of 2,500 floats: 3 buckets
         state = GsState(model=model, min_size=64, budget=budget)
         model.register_comm_hook(state, gs_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         out[label] = train(model, opt, dist.get_rank(), state.stats, params)
+        state.comm.traffic.end_step()  # the collectives of the whole run (DDP's GsState does not end steps)
+        out[label]["collectives"] = state.comm.traffic.last_step
     return dist.get_rank()
 
 
