@@ -518,6 +518,8 @@ def generator(name: str) -> Block | None:
         return lambda docs: prefilter_figure(docs, name)
     if name in FIGURE_RATIOS:
         return lambda docs: figure_ratio(docs, name)
+    if family == "points" and name.count(".") >= 3:
+        return lambda docs: points_below_dense(docs, name)
     if family == "tta_reached" and name.count(".") == 2:
         return lambda docs: tta_reached(docs, name)
     return None
@@ -1410,6 +1412,10 @@ FIGURE_RATIOS = {
     "kb_ratio.wire_cnn_sim16": ("kb.wire_cnn_sim16.gs-compact.0.001", "kb.wire_cnn_sim16.gs-fp32.0.001"),
     "kb_ratio.wire_lm_sim16": ("kb.wire_lm_sim16.gs-compact.0.001", "kb.wire_lm_sim16.gs-fp32.0.001"),
     "kb_ratio.gtopk_compact.16": ("compact_vs_gtopk.kb.16", "rw.kb.16.gtopk-compact"),
+    "kb_ratio.lm_sim16_gtopk": ("kb.lm_sim16.gs.0.001", "kb.lm_sim16.gtopk.0.001"),
+    "final_ratio.lm.gs.0.001": ("final.lm.gs.0.001", "final.lm.dense.1"),
+    "final_ratio.lm.gs.0.01": ("final.lm.gs.0.01", "final.lm.dense.1"),
+    "final_ratio.lm.topk.0.001": ("final.lm.topk.0.001", "final.lm.dense.1"),
 }
 """``NAME``: (block A, block B); the block is A's first number over B's, as ``0.57×``."""
 
@@ -1424,6 +1430,36 @@ def first_number(text: str) -> float:
 def figure_ratio(docs: Path, name: str) -> str:
     a, b = FIGURE_RATIOS[name]
     return f"{first_number(generator(a)(docs)) / first_number(generator(b)(docs)):.2f}×"
+
+
+def points_below_dense(docs: Path, name: str) -> str:
+    """``points.FILE.METHOD.K``: METHOD's final accuracy at K minus dense's in that convergence
+    record, in percentage points (:func:`run_figure`)."""
+    _, stem, rest = name.split(".", 2)
+    ours = first_number(run_figure(docs, f"final.{stem}.{rest}"))
+    dense = first_number(run_figure(docs, f"final.{stem}.dense.1"))
+    return f"{100 * (ours - dense):+.2f} points".replace("-", "−")
+
+
+@block("step_range.one")
+def step_range_one(docs: Path) -> str:
+    return step_range(docs, "one")
+
+
+@block("step_range.default")
+def step_range_default(docs: Path) -> str:
+    return step_range(docs, "default")
+
+
+def step_range(docs: Path, setting: str) -> str:
+    """The range over docs/bench_step.json's models of GsSketch's ``opt.step()`` over dense's
+    (median over the repeats of each repeat's ratio) at thread setting ``setting``."""
+    import statistics
+
+    d = load(docs, "bench_step.json")
+    ratios = [statistics.median(g / x for g, x in zip(row["times"][setting]["gs"], row["times"][setting]["dense"]))
+              for row in d["rows"].values()]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
 
 
 def tta_reached(docs: Path, name: str) -> str:
