@@ -1356,6 +1356,10 @@ def pilot_ratios(docs: Path, method: str, rate: str | None = None, over: str = "
     return out
 
 
+def n_settings(n: int) -> str:
+    return f"{n} setting{'' if n == 1 else 's'}"
+
+
 def ratio_range(ratios: list[float]) -> str:
     if not ratios:
         raise KeyError("no setting where both reached the target")
@@ -1368,7 +1372,7 @@ def readme_when_slow(docs: Path) -> str:
     """The defaults' seconds to the target over dense's on the slowest link of the pilot."""
     rate = min(pilot_rates(docs), key=link_bits)
     ratios = pilot_ratios(docs, "none", rate)
-    return f"{ratio_range(ratios)} dense's seconds to the target on {LINKS.get(rate, rate)} ({len(ratios)} settings)"
+    return f"{ratio_range(ratios)} dense's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
 
 
 @block("readme.when.fast")
@@ -1376,7 +1380,7 @@ def readme_when_fast(docs: Path) -> str:
     """The defaults' seconds to the target over FP16's on the fastest link of the pilot."""
     rate = max(pilot_rates(docs), key=link_bits)
     ratios = pilot_ratios(docs, "fp16", rate)
-    return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({len(ratios)} settings)"
+    return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
 
 
 @block("readme.when.powersgd")
