@@ -190,3 +190,4 @@ def test_the_readme_is_one_screen_with_the_calls_the_results_and_the_plot() -> N
         assert needle in first, needle
     when = first[first.index("**When to use it, when not**"):]
     assert 1 <= len([line for line in when.splitlines() if line.startswith("- ")]) <= 5
+    assert not lines[60].startswith(("- ", "  ")), "the when-to-use bullets run past line 60"
