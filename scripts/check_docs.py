@@ -24,6 +24,12 @@ What it checks, in each doc:
 - **Error messages.** Every message quoted in docs/reliability.md as ``SomeError: message`` is
   one the code can raise: its type is raised in gs_horovod/ and the message matches a string
   literal there (an f-string's fields match anything; a trailing ``…`` makes it a prefix).
+- **Hand-written figures.** In README.md and in the headline tables of docs/benchmarks.md (the
+  table rows before its first ``## `` section), a number with a unit (×, %, kB, B, bytes, bits,
+  s, steps/s, points, Mbit/s, ...) outside ``<!-- report:NAME -->`` markers, code and link
+  targets is a figure that can drift from its data: named, unless it is on the allow-list
+  (:data:`ALLOWED_FIGURES`: a goal's bound after ≤, ≥, "within", "at most" or "at least", and a
+  paper's published figure after "paper:"; :data:`ALLOWED_UNITS`: a link's rate, a setting).
 """
 
 from __future__ import annotations
@@ -408,6 +414,10 @@ class Checker:
         for cmd in commands(rel, text, self.scripts):
             self.command(cmd)
         self.tests(rel, text)
+        if rel in FIGURE_DOCS:
+            for number, figure in hand_written_figures(text, FIGURE_DOCS[rel]):
+                self.problems.add(f"{rel}:{number}", f"the figure '{figure}' is hand-written: generate it between "
+                                                     "report markers (scripts/bench/report.py) or drop it")
         if Path(rel).name == "reliability.md":
             self.messages(rel, text)
 
@@ -415,6 +425,61 @@ class Checker:
 def shorten(text: str, n: int = 110) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[:n - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# hand-written figures
+
+FIGURE_DOCS = {"README.md": "all", "docs/benchmarks.md": "headline"}
+"""The docs whose figures must come from report markers, and which part of each is checked."""
+UNIT = (r"(?:×(?!\s*\d)|x\b|%|[kKMG]i?B\b|B\b|bytes?\b|bits?\b|[mµ]?s\b|seconds?\b|minutes?\b|"
+        r"steps/s\b|points?\b|[kMG]bit/s\b)")
+FIGURE = re.compile(r"(?<![\w.^/=])[-−+]?\d[\d,]*(?:\.\d+)?(?:\s?[–-]\s?\d[\d,]*(?:\.\d+)?)?\s?" + UNIT)
+ALLOWED_FIGURES = (
+    re.compile(r"(?:[≤≥<>]|\bwithin|\bat most|\bat least)\s*$"),  # a goal's bound: "≤ 0.4×", "within 5 %"
+    re.compile(r"\bpaper:\s*$"),  # a paper's published figure: "(paper: 1.3–3.1×)"
+)
+ALLOWED_UNITS = re.compile(r"\d\s?[kMG]bit/s$")
+"""Figures allowed whatever precedes them: a link's rate, a study's setting (scripts/bench/shaped.sh)."""
+"""What may precede an allowed hand-written figure (matched against the text before it)."""
+
+
+def blank(m: re.Match) -> str:
+    """The match as spaces, its newlines kept (line numbers stay)."""
+    return re.sub(r"[^\n]", " ", m[0])
+
+
+def figure_text(text: str, part: str) -> str:
+    """``text`` with what may hold figures legitimately blanked: report blocks, fenced code,
+    inline code, link targets and HTML comments; ``part="headline"``: only the table rows
+    before the first ``## `` section."""
+    text = report_marker().sub(blank, text)
+    text = re.sub(r"^\s*```.*?^\s*```[^\n]*$", blank, text, flags=re.S | re.M)
+    text = re.sub(r"`[^`\n]*`", blank, text)
+    text = re.sub(r"\]\([^)\n]*\)", blank, text)
+    text = re.sub(r"<!--.*?-->", blank, text, flags=re.S)
+    if part == "headline":
+        lines, out, head = text.splitlines(), [], True
+        for line in lines:
+            head = head and not line.startswith("## ")
+            out.append(line if head and line.lstrip().startswith("|") else "")
+        text = "\n".join(out)
+    return text
+
+
+def report_marker() -> re.Pattern:
+    return re.compile(r"<!-- report:(?P<name>[\w.-]+) -->.*?<!-- /report:(?P=name) -->", re.S)
+
+
+def hand_written_figures(text: str, part: str = "all") -> list[tuple[int, str]]:
+    """(line, figure) of every number with a unit in ``text`` outside report markers, code and
+    link targets (:func:`figure_text`) and not on :data:`ALLOWED_FIGURES`."""
+    out = []
+    for number, line in enumerate(figure_text(text, part).splitlines(), 1):
+        for m in FIGURE.finditer(line):
+            if not (ALLOWED_UNITS.search(m[0]) or any(a.search(line[:m.start()]) for a in ALLOWED_FIGURES)):
+                out.append((number, m[0].strip()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

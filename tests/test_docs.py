@@ -142,3 +142,52 @@ def test_shell_words_are_read_as_the_shell_reads_them() -> None:
     assert check_docs.simple_commands("RATIO=1 bash x.sh a 2>&1 | python c.py > log; echo") == [
         ["bash", "x.sh", "a"], ["python", "c.py"], ["echo"]]
     assert check_docs.strip_comment("python s.py --m 'a # b'  # note") == ("python s.py --m 'a # b'  ", "note")
+
+
+def test_a_hand_written_figure_in_the_readme_is_named_and_a_generated_one_passes(copy: Path) -> None:
+    """A number with a unit planted in README.md's prose is named; the same number between report
+    markers, in code, as a goal's bound or as a link's rate is not."""
+    (copy / "README.md").write_text("\n".join([
+        "# Planted", "",
+        "The defaults took 0.42× dense's seconds and sent 618 kB a step.",
+        "The defaults took <!-- report:readme.when.slow -->0.42× dense's seconds<!-- /report:readme.when.slow -->.",
+        "Run `bash scripts/run_demo.sh --ratio 0.01` (a 5 % sample) on 100 Mbit/s, within 5 % of dense.",
+        "```bash", "python train.py  # 40 s here", "```",
+        "![plot](docs/x_2.5x.png) with 28 bits a pair.", ""]))
+    problems = check_docs.check(copy, ["README.md"])
+    assert problems == [
+        "README.md:3: the figure '0.42×' is hand-written: generate it between report markers "
+        "(scripts/bench/report.py) or drop it",
+        "README.md:3: the figure '618 kB' is hand-written: generate it between report markers "
+        "(scripts/bench/report.py) or drop it",
+        "README.md:5: the figure '5 %' is hand-written: generate it between report markers "
+        "(scripts/bench/report.py) or drop it",
+        "README.md:9: the figure '28 bits' is hand-written: generate it between report markers "
+        "(scripts/bench/report.py) or drop it"], problems
+
+
+def test_only_the_headline_tables_of_benchmarks_md_are_checked_for_figures() -> None:
+    """In docs/benchmarks.md a figure in a table row before the first section is named; one in the
+    prose before it or anywhere after the first section is not."""
+    text = "\n".join(["# Benchmarks", "", "Measured on a 24 GiB VM.", "",
+                      "| claim | measured |", "|---|---|", "| fast | 1.5× dense |",
+                      "| goal ≤ 0.4× bytes | <!-- report:a.b -->0.38×<!-- /report:a.b --> |", "",
+                      "## Kernels", "", "| x | 2.0× |", ""])
+    assert check_docs.hand_written_figures(text, "headline") == [(7, "1.5×")]
+    assert check_docs.hand_written_figures(text, "all") == [(3, "24 GiB"), (7, "1.5×"), (12, "2.0×")]
+
+
+def test_the_readme_is_one_screen_with_the_calls_the_results_and_the_plot() -> None:
+    """README.md is at most 250 lines; its first 60 hold the two commands, the Horovod, DDP and
+    FSDP2 calls, the generated results table, the plot and at most five when-to-use bullets."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    first = "\n".join(lines[:60])
+    for needle in ("bash scripts/run_demo.sh", "bash scripts/run_tests.sh", "hvd.DistributedOptimizer(",
+                   "compression=GsSketch", "register_comm_hook(GsState(", "register_fsdp_hooks(",
+                   "<!-- report:readme.results -->", "<!-- /report:readme.results -->",
+                   "](docs/tta_density_pilot.png)"):
+        assert needle in first, needle
+    when = first[first.index("**When to use it, when not**"):]
+    assert 1 <= len([line for line in when.splitlines() if line.startswith("- ")]) <= 5
+    assert not lines[60].startswith(("- ", "  ")), "the when-to-use bullets run past line 60"

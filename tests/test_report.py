@@ -186,3 +186,67 @@ def test_equal_bytes_takes_the_gs_run_just_below_the_peers_budget() -> None:
     assert report.matched_gs(both, "accuracy", "powersgd r1 @ 1")[0] == 0.004
     ratio, _, last, sent, _ = report.matched_gs(both, "accuracy", "powersgd r1 @ 1", "gs compact8")
     assert (ratio, last, sent) == (0.006, 0.75, pytest.approx(1.96))
+
+
+def pilot_row(workload: str, ranks: int, rate: str, method: str, seconds: float | None, seed: int = 0,
+              bytes_per_step: float = 1000.0) -> dict:
+    """A docs/tta_density_pilot.jsonl row whose target (cnn 0.93, lm perplexity 20) is reached at
+    ``seconds`` (None: never)."""
+    metric, good, bad = ("accuracy", 0.95, 0.5) if workload == "cnn" else ("perplexity", 15.0, 40.0)
+    history = [{"seconds": seconds or 50.0, metric: good if seconds else bad}]
+    return {"workload": workload, "ranks": ranks, "rate": rate, "method": method, "repeat": seed, "seed": seed,
+            "metric": metric, "history": history, "bytes_per_step": bytes_per_step, "code": "abc1234",
+            "run_id": f"r{seed}"}
+
+
+def test_the_readme_table_and_plot_follow_whatever_the_pilot_file_holds(copy: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A rerun pilot (two seeds, one setting per link) in docs/tta_density_pilot.jsonl: ``--check``
+    names the README's table and the plot as stale; a rewrite puts the new seconds, bytes,
+    repeats and code version in the table, the new ranges in the when-to-use lines and a new
+    stamp in the PNG, and the check passes again."""
+    rows = []
+    for seed in (0, 1):
+        rows += [pilot_row("cnn", 8, "100mbit", "gs", 10.0 + seed, seed, 2e5),
+                 pilot_row("cnn", 8, "100mbit", "fp16", 30.0, seed, 1.6e6),
+                 pilot_row("cnn", 8, "100mbit", "none", 40.0 + 2 * seed, seed, 3.3e6),
+                 pilot_row("cnn", 8, "100mbit", "powersgd:rank=1", None, seed, 2e4),
+                 pilot_row("cnn", 8, "10gbit", "gs", 6.0, seed, 1.6e6),
+                 pilot_row("cnn", 8, "10gbit", "fp16", 4.0, seed, 1.6e6),
+                 pilot_row("cnn", 8, "10gbit", "none", 5.0, seed, 3.3e6),
+                 pilot_row("cnn", 8, "10gbit", "powersgd:rank=1", 3.0, seed, 2e4)]
+    write_jsonl(copy / "docs" / "tta_density_pilot.jsonl", rows)
+    png = copy / "docs" / "tta_density_pilot.png"
+    before = report.png_stamp(png)
+    assert report.main(["--check", "--root", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "README.md: block 'readme.results' differs" in out
+    assert "docs/tta_density_pilot.png: the plot differs from what its data gives" in out
+    assert report.main(["--root", str(copy)]) == 0
+    assert report.main(["--check", "--root", str(copy)]) == 0
+    readme = (copy / "README.md").read_text()
+    assert ("| cnn (accuracy 0.93) | 8 | 100 Mbit/s | **10.5 s**, 200 kB | 30.0 s, 1,600 kB | not reached, 20 kB "
+            "| 41.0 s, 3,300 kB |") in readme
+    assert "| cnn (accuracy 0.93) | 8 | 10 Gbit/s | 6.0 s, 1,600 kB | 4.0 s, 1,600 kB | **3.0 s**, 20 kB |" in readme
+    assert "2 repeats (seeds 0, 1), code abc1234" in readme
+    assert f"{10.5 / 41:.2f}× dense's seconds to the target on 100 Mbit/s (1 setting)" in readme
+    assert "1.50× FP16's seconds to the target on 10 Gbit/s (1 setting)" in readme
+    assert ("PowerSGD rank 1 reached the target first in 1 of the 1 settings where both reached it "
+            "(it missed the target in 1)") in readme
+    assert report.png_stamp(png) not in (None, before)
+
+
+def test_a_missing_or_unstamped_plot_fails_the_check(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plot deleted: ``--check`` names it missing; a PNG without the data stamp (drawn by hand,
+    or by another tool) is named stale; a rewrite restores it."""
+    png = copy / "docs" / "tta_density_pilot.png"
+    png.unlink()
+    assert report.main(["--check", "--root", str(copy)]) == 1
+    assert "docs/tta_density_pilot.png: missing" in capsys.readouterr().out
+    from PIL import Image
+
+    Image.new("RGB", (4, 4)).save(png)
+    assert report.main(["--check", "--root", str(copy)]) == 1
+    assert "docs/tta_density_pilot.png: the plot differs from what its data gives" in capsys.readouterr().out
+    assert report.main(["--root", str(copy)]) == 0
+    assert report.main(["--check", "--root", str(copy)]) == 0

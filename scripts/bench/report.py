@@ -41,7 +41,7 @@ import bench_time_to_accuracy as tta  # noqa: E402
 
 ROOT = HERE.parents[1]
 FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md",
-         "docs/reliability.md", "README.md")
+         "docs/reliability.md", "docs/user-guide.md", "README.md")
 MARKER = re.compile(r"<!-- report:(?P<name>[\w.-]+) -->(?P<body>.*?)<!-- /report:(?P=name) -->", re.S)
 
 Block = Callable[[Path], str]
@@ -516,6 +516,12 @@ def generator(name: str) -> Block | None:
         return lambda docs: rule_figure(docs, name)
     if family == "pre" and name.count(".") == 4:
         return lambda docs: prefilter_figure(docs, name)
+    if name in FIGURE_RATIOS:
+        return lambda docs: figure_ratio(docs, name)
+    if family == "points" and name.count(".") >= 3:
+        return lambda docs: points_below_dense(docs, name)
+    if family == "tta_reached" and name.count(".") == 2:
+        return lambda docs: tta_reached(docs, name)
     return None
 
 
@@ -1274,6 +1280,363 @@ def density_pilot_verdict(docs: Path) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# the README's first screen: the shipped defaults against FP16, PowerSGD and dense
+# (docs/tta_density_pilot.jsonl; regenerated from whatever that file holds)
+
+PILOT = "tta_density_pilot.jsonl"
+PILOT_METHODS = {"gs": "the defaults", "fp16": "FP16", "powersgd:rank=1": "PowerSGD r1", "none": "dense"}
+"""The methods of the README's results table and plot, in column order, and their labels."""
+LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s"}
+
+
+def pilot_cells(docs: Path) -> dict[tuple, dict[str, tuple[float | None, float | None]]]:
+    """Per (workload, P, link) of docs/tta_density_pilot.jsonl, in the file's order: per method of
+    :data:`PILOT_METHODS`, (mean seconds to the target over the repeats, None unless every repeat
+    reached it; mean bytes a step a rank)."""
+    summary = tta.summarise(tta.read_rows(docs / PILOT), tta.targets_of([]))
+    cells: dict[tuple, dict] = {}
+    for s in summary:
+        if s["method"] not in PILOT_METHODS:
+            continue
+        seconds = s["mean_seconds"] if s["reached"] == s["repeats"] else None
+        cells.setdefault((s["workload"], s["ranks"], s["rate"]), {})[s["method"]] = (seconds, s["bytes_per_step"])
+    return cells
+
+
+def pilot_provenance(docs: Path) -> str:
+    """The pilot's repeats (seeds) and code versions, as the README's table caption says them."""
+    rows = tta.read_rows(docs / PILOT)
+    seeds = sorted({r.get("seed", r["repeat"]) for r in rows})
+    codes = sorted({r.get("code", "unknown") for r in rows})
+    return (f"{len(seeds)} repeat{'s' if len(seeds) > 1 else ''} (seed{'s' if len(seeds) > 1 else ''} "
+            f"{', '.join(map(str, seeds))}), code {', '.join(codes)}")
+
+
+def kilobytes(b: float | None) -> str:
+    return "—" if b is None else f"{b / 1000:,.0f} kB" if b >= 10_000 else f"{b / 1000:.1f} kB"
+
+
+@block("readme.results")
+def readme_results(docs: Path) -> str:
+    """The README's table: per (workload, P, link), each method's seconds to the target and its
+    bytes a step a rank, from docs/tta_density_pilot.jsonl; the fastest in bold."""
+    targets = tta.targets_of([])
+    lines = ["| workload (target) | P | link | " + " | ".join(PILOT_METHODS.values()) + " |",
+             "|---|---|---|" + "---|" * len(PILOT_METHODS)]
+    for (workload, ranks, rate), mine in pilot_cells(docs).items():
+        reached = {m: t for m, (t, _) in mine.items() if t is not None}
+        best = min(reached, key=reached.get) if reached else None
+        cells = []
+        for m in PILOT_METHODS:
+            if m not in mine:
+                cells.append("—")
+                continue
+            t, b = mine[m]
+            time = "not reached" if t is None else f"**{t:.1f} s**" if m == best else f"{t:.1f} s"
+            cells.append(f"{time}, {kilobytes(b)}")
+        metric = "accuracy" if workload == "cnn" else "perplexity"
+        lines.append(f"| {workload} ({metric} {targets[workload]:g}) | {ranks} | {LINKS.get(rate, rate)} | "
+                     + " | ".join(cells) + " |")
+    lines.append(f"\nSeconds to the held-out target and bytes a step a rank (mean over the steps); "
+                 f"{pilot_provenance(docs)}; `ratio=\"auto\"`, every option at its default.")
+    return "\n".join(lines)
+
+
+def pilot_ratios(docs: Path, method: str, rate: str | None = None, over: str = "gs") -> list[float]:
+    """``over``'s seconds ÷ ``method``'s in each pilot setting (on ``rate`` only, if given) where
+    both reached the target."""
+    out = []
+    for (_, _, r), mine in pilot_cells(docs).items():
+        if rate and r != rate:
+            continue
+        a, b = mine.get(over, (None, None))[0], mine.get(method, (None, None))[0]
+        if a is not None and b is not None:
+            out.append(a / b)
+    return out
+
+
+def n_settings(n: int) -> str:
+    return f"{n} setting{'' if n == 1 else 's'}"
+
+
+def ratio_range(ratios: list[float]) -> str:
+    if not ratios:
+        raise KeyError("no setting where both reached the target")
+    lo, hi = min(ratios), max(ratios)
+    return f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+
+
+@block("readme.when.slow")
+def readme_when_slow(docs: Path) -> str:
+    """The defaults' seconds to the target over dense's on the slowest link of the pilot."""
+    rate = min(pilot_rates(docs), key=link_bits)
+    ratios = pilot_ratios(docs, "none", rate)
+    return f"{ratio_range(ratios)} dense's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
+
+
+@block("readme.when.fast")
+def readme_when_fast(docs: Path) -> str:
+    """The defaults' seconds to the target over FP16's on the fastest link of the pilot."""
+    rate = max(pilot_rates(docs), key=link_bits)
+    ratios = pilot_ratios(docs, "fp16", rate)
+    return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
+
+
+@block("readme.when.powersgd")
+def readme_when_powersgd(docs: Path) -> str:
+    """In how many pilot settings PowerSGD rank 1 reached the target before the defaults, of those
+    where both reached it, and in how many it missed it."""
+    cells = pilot_cells(docs)
+    both = [c for c in cells.values() if c.get("gs", (None,))[0] is not None
+            and c.get("powersgd:rank=1", (None,))[0] is not None]
+    ahead = sum(c["powersgd:rank=1"][0] < c["gs"][0] for c in both)
+    missed = sum(c.get("powersgd:rank=1", (None,))[0] is None for c in cells.values() if "powersgd:rank=1" in c)
+    return (f"PowerSGD rank 1 reached the target first in {ahead} of the {len(both)} settings where both reached it "
+            f"(it missed the target in {missed})")
+
+
+def pilot_rates(docs: Path) -> list[str]:
+    return list(dict.fromkeys(rate for _, _, rate in pilot_cells(docs)))
+
+
+def link_bits(rate: str) -> float:
+    """``100mbit`` → 1e8 bits a second (the links of scripts/bench/shaped.sh)."""
+    m = re.fullmatch(r"(\d+)(k|m|g)bit", rate)
+    if not m:
+        raise ValueError(f"unknown link {rate!r}")
+    return int(m[1]) * {"k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
+
+
+# ---------------------------------------------------------------------------------------------
+# ratios of two generated figures, and runs that reached a target
+
+FIGURE_RATIOS = {
+    "kb_ratio.wire_cnn_sim4": ("kb.wire_cnn_sim4.gs-compact.0.001", "kb.wire_cnn_sim4.gs-fp32.0.001"),
+    "kb_ratio.wire_cnn_sim16": ("kb.wire_cnn_sim16.gs-compact.0.001", "kb.wire_cnn_sim16.gs-fp32.0.001"),
+    "kb_ratio.wire_lm_sim16": ("kb.wire_lm_sim16.gs-compact.0.001", "kb.wire_lm_sim16.gs-fp32.0.001"),
+    "kb_ratio.gtopk_compact.16": ("compact_vs_gtopk.kb.16", "rw.kb.16.gtopk-compact"),
+    "kb_ratio.lm_sim16_gtopk": ("kb.lm_sim16.gs.0.001", "kb.lm_sim16.gtopk.0.001"),
+    "final_ratio.lm.gs.0.001": ("final.lm.gs.0.001", "final.lm.dense.1"),
+    "final_ratio.lm.gs.0.01": ("final.lm.gs.0.01", "final.lm.dense.1"),
+    "final_ratio.lm.topk.0.001": ("final.lm.topk.0.001", "final.lm.dense.1"),
+}
+"""``NAME``: (block A, block B); the block is A's first number over B's, as ``0.57×``."""
+
+
+def first_number(text: str) -> float:
+    m = re.search(r"-?\d[\d,]*(?:\.\d+)?", text)
+    if not m:
+        raise ValueError(f"no number in {text!r}")
+    return float(m[0].replace(",", ""))
+
+
+def figure_ratio(docs: Path, name: str) -> str:
+    a, b = FIGURE_RATIOS[name]
+    return f"{first_number(generator(a)(docs)) / first_number(generator(b)(docs)):.2f}×"
+
+
+def points_below_dense(docs: Path, name: str) -> str:
+    """``points.FILE.METHOD.K``: METHOD's final accuracy at K minus dense's in that convergence
+    record, in percentage points (:func:`run_figure`)."""
+    _, stem, rest = name.split(".", 2)
+    ours = first_number(run_figure(docs, f"final.{stem}.{rest}"))
+    dense = first_number(run_figure(docs, f"final.{stem}.dense.1"))
+    return f"{100 * (ours - dense):+.2f} points".replace("-", "−")
+
+
+@block("step_range.one")
+def step_range_one(docs: Path) -> str:
+    return step_range(docs, "one")
+
+
+@block("step_range.default")
+def step_range_default(docs: Path) -> str:
+    return step_range(docs, "default")
+
+
+def step_range(docs: Path, setting: str) -> str:
+    """The range over docs/bench_step.json's models of GsSketch's ``opt.step()`` over dense's
+    (median over the repeats of each repeat's ratio) at thread setting ``setting``."""
+    import statistics
+
+    d = load(docs, "bench_step.json")
+    ratios = [statistics.median(g / x for g, x in zip(row["times"][setting]["gs"], row["times"][setting]["dense"]))
+              for row in d["rows"].values()]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}×"
+
+
+def tta_reached(docs: Path, name: str) -> str:
+    """``tta_reached.WORKLOAD.METHOD`` (METHOD as :func:`method_slug` writes it): over every
+    setting of docs/time_to_accuracy.jsonl, in how many of METHOD's runs WORKLOAD reached its target."""
+    _, workload, method = name.split(".")
+    mine = [s for s in tta_summary(docs) if s["workload"] == workload and method_slug(s["method"]) == method]
+    if not mine:
+        raise KeyError(f"{name}: no runs")
+    return f"{sum(s['reached'] for s in mine)} of {sum(s['repeats'] for s in mine)} runs"
+
+
+# ---------------------------------------------------------------------------------------------
+# what the plan gives at the shipped options (no data file: the code is the source)
+
+def pilot_models() -> dict[str, list[tuple[str, int]]]:
+    """(name, elements) of the parameters of the time-to-accuracy workloads' models (the pilot's
+    CNN, and its LM: ``--hidden 512 --embed 128``)."""
+    from gs_bench.workloads import LstmLM, MnistCNN
+
+    return {f"CNN ({sum(p.numel() for p in m.parameters()):,} parameters)" if w == "cnn" else
+            f"LM ({sum(p.numel() for p in m.parameters()):,} parameters)":
+            [(n, p.numel()) for n, p in m.named_parameters()]
+            for w, m in (("cnn", MnistCNN()), ("lm", LstmLM(hidden=512, embed=128)))}
+
+
+@block("auto.switch")
+def auto_switch(docs: Path) -> str:
+    """``exchange="auto"``'s switch with the shipped options (``GsSketch()``, Horovod's ring
+    allreduces), per model and density level of ``ratio="auto"``: the first P (2–1024) at which
+    the plan takes the sparse exchange (``Plan.split``)."""
+    from gs_horovod.engine.config import GsConfig
+    from gs_horovod.engine.density import LEVELS
+    from gs_horovod.engine.plan import Plan
+
+    config, models = GsConfig(), pilot_models()
+    lines = ["| level (k / D) | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
+    for level in LEVELS:
+        cells = []
+        for named in models.values():
+            first = next((P for P in range(2, 1025) if Plan.split(named, config, ranks=P, level=level).exchange
+                          == "sparse"), None)
+            cells.append("never up to 1024" if first is None else f"from P = {first}")
+        lines.append(f"| 1/{round(1 / level)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+PAIR_RANKS = (2, 4, 8, 16, 64, 256)
+
+
+@block("wire.bits_per_pair")
+def bits_per_pair(docs: Path) -> str:
+    """Bits a pair of the compact wire (the default) as the plan prices a rank's messages, by
+    exchange and P, for the pilot's models at the sparsest and the 1/100 level: the allgather's
+    one message of k pairs, the sparse exchange's P messages of the L·k pairs it routes."""
+    from gs_horovod.engine.config import GsConfig
+    from gs_horovod.engine.plan import Plan
+
+    lines = ["| model | level (k / D) | exchange | " + " | ".join(f"P = {P}" for P in PAIR_RANKS) + " |",
+             "|---|---|---|" + "---|" * len(PAIR_RANKS)]
+    for model, named in pilot_models().items():
+        for level in (0.001, 0.01):
+            for exchange in ("allgather", "sparse"):
+                config, cells = GsConfig(exchange=exchange), []
+                for P in PAIR_RANKS:
+                    plan = Plan.split(named, config, ranks=P, level=level)
+                    payload = plan.payload_bytes(config)
+                    pairs = sum(g.k if exchange == "allgather" else g.fed for g in plan.groups)
+                    sent = payload.gather if exchange == "allgather" else payload.alltoall
+                    cells.append(f"{8 * sent / pairs:.1f}")
+                lines.append(f"| {model} | 1/{round(1 / level)} | {exchange} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# plots: PNGs written from data, each stamped with a hash of what it plots (``--check`` compares
+# the stamp, not the pixels, which differ between font and library builds)
+
+PLOT_STAMP = "report-data"
+Plot = Callable[[Path], tuple[object, Callable[[], object]]]
+PLOTS: dict[str, Plot] = {}
+
+
+def plot(path: str) -> Callable[[Plot], Plot]:
+    """Registers the function that gives (the plotted data, a function drawing the figure) for
+    the PNG ``path`` (relative to the root)."""
+    def register(fn: Plot) -> Plot:
+        PLOTS[path] = fn
+        return fn
+    return register
+
+
+@plot("docs/tta_density_pilot.png")
+def pilot_plot(docs: Path) -> tuple[object, Callable[[], object]]:
+    """Seconds to the target per method in each (workload, P, link) of the pilot: grouped bars, a
+    cross where a method did not reach it."""
+    cells = pilot_cells(docs)
+    data = {"version": 2, "methods": PILOT_METHODS, "provenance": pilot_provenance(docs),
+            "cells": [[list(key), {m: list(v) for m, v in mine.items()}] for key, mine in cells.items()]}
+
+    def draw() -> object:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        keys = list(cells)
+        fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
+        width = 0.8 / len(PILOT_METHODS)
+        top = max((t for mine in cells.values() for t, _ in mine.values() if t is not None), default=1.0)
+        for j, (m, label) in enumerate(PILOT_METHODS.items()):
+            xs = [i + (j - (len(PILOT_METHODS) - 1) / 2) * width for i in range(len(keys))]
+            ys = [cells[k].get(m, (None, None))[0] for k in keys]
+            bars = ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], width,
+                          label=label, color=f"C{j}")
+            missed = [x for x, y, k in zip(xs, ys, keys) if y is None and m in cells[k]]
+            if missed:
+                ax.plot(missed, [0.03 * top] * len(missed), "x", color=bars.patches[0].get_facecolor()
+                        if bars.patches else f"C{j}", markersize=8)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([f"{w} P={p}\n{LINKS.get(r, r)}" for w, p, r in keys], fontsize=8)
+        ax.set_ylim(0, 1.25 * top)
+        ax.set_ylabel("seconds to target")
+        ax.set_title(f"Time to the held-out target ({data['provenance']}; x: not reached)", fontsize=9)
+        ax.legend(fontsize=8, ncol=len(PILOT_METHODS), loc="upper left")
+        fig.tight_layout()
+        return fig
+
+    return data, draw
+
+
+def stamp_of(data: object) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def png_stamp(path: Path) -> str | None:
+    """The stamp a PNG written by :func:`write_plot` carries, None if it has none."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return image.text.get(PLOT_STAMP) if hasattr(image, "text") else None
+
+
+def write_plot(path: Path, data: object, draw: Callable[[], object]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = draw()
+    fig.savefig(path, format="png", metadata={"Software": None, PLOT_STAMP: stamp_of(data)})
+    plt.close(fig)
+
+
+def plots(root: Path, check: bool, errors: list[str]) -> int:
+    """Each registered PNG: rewritten (``check``: named) when its stamp is not its data's; the
+    number stale."""
+    stale = 0
+    for rel, make in PLOTS.items():
+        try:
+            data, draw = make(root / "docs")
+        except (OSError, KeyError, ValueError) as e:
+            errors.append(f"{rel}: {type(e).__name__}: {e}")
+            continue
+        path = root / rel
+        if path.exists() and png_stamp(path) == stamp_of(data):
+            continue
+        stale += 1
+        print(f"{rel}: the plot differs from what its data gives" if path.exists() else f"{rel}: missing")
+        if not check:
+            write_plot(path, data, draw)
+    return stale
+
+
 TTA_RANGES = {"tta_compact": ("time_to_accuracy_compact.jsonl", "mean"),
               "tta_compact_before": ("time_to_accuracy_compact_before.jsonl", "mean"),
               "tta_median": ("time_to_accuracy_compact.jsonl", "median")}
@@ -1478,12 +1841,13 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(diff[:24]) + ("\n  ..." if len(diff) > 24 else ""))
         if changed and not args.check:
             path.write_text(new)
+    stale += plots(args.root, args.check, errors)
     for e in errors:
         print(e)
     if args.check:
-        print(f"report: {stale} stale block(s), {len(errors)} error(s)")
+        print(f"report: {stale} stale block(s) or plot(s), {len(errors)} error(s)")
     else:
-        print(f"report: {stale} block(s) rewritten, {len(errors)} error(s)")
+        print(f"report: {stale} block(s) or plot(s) rewritten, {len(errors)} error(s)")
     return 1 if errors or (args.check and stale) else 0
 
 
