@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 SETUPS = [("horovod", 2), ("horovod", 4), ("mpi", 3), ("ddp", 3)]
 CASES = ("random", "ties", "one_region", "zero_rank")
 K = 45  # ceil(0.01 · 4500)

@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 SETUPS = [(2, "gloo"), (3, "gloo"), (2, "mpi"), (3, "mpi")]
 EXCHANGES = ("sketch", "allgather", "sparse")
 DENSE_ELEMENTS = 64 * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10  # the workers' MLP
