@@ -1,25 +1,43 @@
-"""The engine's exchanges on every real transport (Horovod over gloo, ``merge="mpi"`` over
-mpi4py, torch.distributed under torchrun) at 2, 3 and 4 ranks, against a NumPy recomputation
-of the step from every rank's gradients (tests/workers/exchanges.py)."""
+"""The engine's exchanges on simulated ranks (the fast tier) and on every real transport
+(Horovod over gloo, ``merge="mpi"`` over mpi4py, torch.distributed under torchrun; slow) at 2,
+3 and 4 ranks, against a NumPy recomputation of the step from every rank's gradients
+(tests/workers/exchanges.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-pytestmark = pytest.mark.slow  # every test here launches processes
-
-SETUPS = [("horovod", 2), ("horovod", 4), ("mpi", 3), ("ddp", 3)]
+SETUPS = [("simulated", 2), ("simulated", 3), ("simulated", 4), ("horovod", 2), ("horovod", 4), ("mpi", 3),
+          ("ddp", 3)]
 CASES = ("random", "ties", "one_region", "zero_rank")
 K = 45  # ceil(0.01 · 4500)
 
 
-@pytest.fixture(scope="module", params=SETUPS, ids=[f"{t}-{n}ranks" for t, n in SETUPS])
+def simulated(n: int) -> list[dict]:
+    """The worker's scenarios on ``n`` simulated ranks in this process, each rank's result as
+    the JSON a real rank writes."""
+    from workers.exchanges import scenarios
+
+    from gs_horovod.transports.simulated import SimulatedRanks
+
+    def rank(r, comm):
+        gather = lambda x: comm.allgather(x[None], f"test.gather.{x.numel()}")  # noqa: E731
+        return json.loads(json.dumps(scenarios(lambda: comm, gather, r, n)))
+
+    return SimulatedRanks(n).run(rank)
+
+
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=() if s[0] == "simulated" else pytest.mark.slow,
+                                                     id=f"{s[0]}-{s[1]}ranks") for s in SETUPS])
 def ranks(request, tmp_path_factory):
     from conftest import horovodrun, torchrun
 
     kind, n = request.param
+    if kind == "simulated":
+        return simulated(n)
     out = tmp_path_factory.mktemp(f"{kind}{n}")
     if kind == "ddp":
         return torchrun("exchanges.py", n, out, kind)

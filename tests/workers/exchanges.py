@@ -1,14 +1,16 @@
-"""Runs on real ranks: the engine's exchanges on one transport, against a NumPy reference.
+"""The engine's exchanges on one transport, against a NumPy reference: on real ranks,
 
     horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py OUT_DIR horovod
     horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi
     torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
 
-Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's) carry one
-:class:`gs_horovod.engine.state.EngineState` per exchange over synthetic gradients with known heavy
-coordinates; every rank gathers every rank's gradients and recomputes the step in NumPy, and
-counts the bytes its collectives really received. The pytest side (tests/test_exchanges.py)
-asserts on the JSON each rank writes.
+or on simulated ranks in the test's own process (:func:`scenarios` with a SimulatedComm).
+
+Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's, the
+simulated ones) carry one :class:`gs_horovod.engine.state.EngineState` per exchange over
+synthetic gradients with known heavy coordinates; every rank gathers every rank's gradients
+and recomputes the step in NumPy, and counts the bytes its collectives really received. The
+pytest side (tests/test_exchanges.py) asserts on the JSON each rank writes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from rank_result import write_result
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
 from gs_horovod.kernels.pair_format import rounded
@@ -178,8 +179,10 @@ def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([out[n] for n in st.plan.all_names])
 
 
-def main(out_dir: str, kind: str) -> None:
-    make, gather, rank, P = transport(kind)
+def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int, P: int
+              ) -> dict[str, Any]:
+    """Every scenario on rank ``rank`` of ``P``: ``make`` gives fresh collectives, ``gather``
+    every rank's equal-length tensor as (P, n); returns this rank's result."""
     result: dict[str, Any] = {"ranks": P}
     layout_names = sorted(n for n, d in SIZES.items() if d >= 1024) + ["c.bias"]
     for case in ("random", "ties", "one_region", "zero_rank"):
@@ -273,7 +276,14 @@ def main(out_dir: str, kind: str) -> None:
         result["options_error"] = ""
     except ValueError as error:
         result["options_error"] = str(error)
-    write_result(out_dir, rank, result)
+    return result
+
+
+def main(out_dir: str, kind: str) -> None:
+    from rank_result import write_result
+
+    make, gather, rank, P = transport(kind)
+    write_result(out_dir, rank, scenarios(make, gather, rank, P))
     if kind == "ddp":
         import torch.distributed as dist
 
