@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from gs_horovod.engine import GsConfig, GsSgd, Payload, Plan
+from gs_horovod.engine.exchanges import EXCHANGES
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.torch import GsSketch
@@ -227,6 +229,48 @@ def test_options_that_differ_across_ranks_fail_on_every_rank():
     grads = [torch.randn(3000)], [torch.randn(3000)]
     for error in errors_of_every_rank(ranks, grads, ValueError):
         assert "GsSketch options differ across ranks" in str(error)
+
+
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_a_selection_that_differs_on_one_rank_fails_on_every_rank(exchange, monkeypatch):
+    """check_every=1: ranks that select alike pass the check; rank 1 selecting every coordinate
+    one off (its sketch's heavy hitters, or the candidates its pair exchange returns after the
+    exchange's collectives, so the ranks stay in step until the check) makes every rank raise."""
+    cfg = GsConfig(ratio=0.02, check_every=1, exchange=exchange, backend="torch")
+    gen = torch.Generator().manual_seed(14)
+    grads = [[[heavy_tailed(gen, 3000)] for _ in range(2)] for _ in range(3)]
+    ranks, _ = run(cfg, grads[:2])  # alike: checked at steps 0 and 1 without an error
+    skewed = threading.local()  # .on in rank 1's thread
+    if exchange == "sketch":
+        heavy_hitters = TorchOps.heavy_hitters
+
+        def off_by_one(self, table, keys, length, count):
+            idx, est = heavy_hitters(self, table, keys, length, count)
+            return ((idx + 1) % length, est) if getattr(skewed, "on", False) else (idx, est)
+
+        monkeypatch.setattr(TorchOps, "heavy_hitters", off_by_one)
+    else:
+        pairs = type(EXCHANGES[exchange])
+        nominate = pairs.nominate
+
+        def off_by_one(self, *args):
+            nominated = nominate(self, *args)
+            if not getattr(skewed, "on", False):
+                return nominated
+            return nominated._replace(groups=[c._replace(idx=(c.idx + 1) % 3000) for c in nominated.groups])
+
+        monkeypatch.setattr(pairs, "nominate", off_by_one)
+
+    def step(r, comm):
+        skewed.on = r == 1
+        try:
+            ranks[r].step(comm, grads[2][r])
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    assert SimulatedRanks(2).run(step) == ["GsSketch: ranks selected different coordinates at step 2 (checked because "
+                                           "check_every is set); their models are diverging"] * 2
 
 
 def test_warmup_sends_dense_then_sketches():
