@@ -14,6 +14,7 @@ SETUPS = [("simulated", 2), ("simulated", 3), ("simulated", 4), ("horovod", 2), 
           ("ddp", 3)]
 CASES = ("random", "ties", "one_region", "zero_rank")
 K = 45  # ceil(0.01 · 4500)
+RUNS = ("sparse", "allgather", "sketch", "compact_sparse", "compact_allgather", "compact8_sparse", "compact8_allgather")
 
 
 def simulated(n: int) -> list[dict]:
@@ -134,13 +135,26 @@ def test_compact_bytes_counted_are_the_encoded_bytes_handed_over(ranks, case):
     assert sum(r[f"compact8_{case}_counted"]["gather"] for r in ranks) < 3 * fp32 / 8 + 6 * P
 
 
-@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch", "compact_sparse", "compact_allgather",
-                                      "compact8_sparse", "compact8_allgather"])
+@pytest.mark.parametrize("exchange", RUNS)
 def test_residuals_keep_what_was_not_applied(ranks, exchange):
     for r in ranks:
         assert r[f"{exchange}_exchange"] == exchange.split("_")[-1]
         assert r[f"{exchange}_conservation_max_abs"] <= 1e-5
         assert r[f"{exchange}_digest"] == ranks[0][f"{exchange}_digest"]
+
+
+@pytest.mark.parametrize("exchange", RUNS)
+def test_every_exchanges_stats_count_the_bytes_handed_to_collectives(ranks, exchange):
+    # 4 steps of each exchange and wire; the small tensors travel in the exact round when it
+    # runs (counted there, in the stats as dense); the NaN flags' allreduce is no payload
+    for r in ranks:
+        counted, stats = r[f"{exchange}_steps_counted"], r[f"{exchange}_steps_stats"]
+        got = {f: counted.get(f, 0) for f in ("sketch", "gather", "alltoall", "select")}
+        got["exact+dense"] = counted.get("exact", 0) + counted.get("dense", 0)
+        want = {f: stats[f"{f}_bytes"] for f in ("sketch", "gather", "alltoall", "select")}
+        want["exact+dense"] = stats["exact_bytes"] + stats["dense_bytes"]
+        assert got == want and sum(want.values()) > 0
+        assert stats["steps"] == 4
 
 
 def test_sparse_equals_the_allgathers_top_k_step_after_step(ranks):

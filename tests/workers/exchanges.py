@@ -219,8 +219,9 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
     # several steps: the sparse exchange's update and residuals equal the allgather's top k (the
     # same selection, the same sums); the sketch runs on the same transport; the residuals keep
     # what was not applied: Σ_r e_r + P·ΣΔ = Σ_r Σ_t g_r,t
-    runs = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {}))[0] for e in EXCHANGES}
-    runs.update({f"{w}_{e}": state(make, exchange=e, wire=w)[0] for e in ("sparse", "allgather") for w in COMPACT})
+    counted = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {})) for e in EXCHANGES}
+    counted.update({f"{w}_{e}": state(make, exchange=e, wire=w) for e in ("sparse", "allgather") for w in COMPACT})
+    runs = {e: st for e, (st, _) in counted.items()}
     applied = {e: torch.zeros(sum(SIZES.values())) for e in runs}
     total = torch.zeros(sum(SIZES.values()))
     for t in range(4):
@@ -237,6 +238,8 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
         result[f"{e}_conservation_max_abs"] = float((kept - gather(total[:D]).sum(0)).abs().max())
         result[f"{e}_digest"] = float(applied[e].double().sum())
         result[f"{e}_exchange"] = st.plan.exchange
+        result[f"{e}_steps_counted"] = counted[e][1].sent
+        result[f"{e}_steps_stats"] = vars(st.stats)
 
     # resume: a new state restored from the first one's per-tensor state after 2 steps continues
     # bitwise as the uninterrupted run (the region edges are not saved: they move no bit)
