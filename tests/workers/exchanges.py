@@ -15,6 +15,7 @@ pytest side (tests/test_exchanges.py) asserts on the JSON each rank writes.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from typing import Any, Callable
 
@@ -174,6 +175,11 @@ def state(make: Callable[[], Any], **options: Any) -> tuple[EngineState, Countin
     return EngineState(GsSgd(config, TorchOps(), comm), CommStats()), comm
 
 
+def digest(*tensors: torch.Tensor) -> str:
+    """The tensors' bits, hashed (equal digests: bitwise equal)."""
+    return hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:16]
+
+
 def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     out = st.step({n: g.clone() for n, g in grads.items()})
     return torch.cat([out[n] for n in st.plan.all_names])
@@ -242,20 +248,23 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
         result[f"{e}_steps_stats"] = vars(st.stats)
 
     # resume: a new state restored from the first one's per-tensor state after 2 steps continues
-    # bitwise as the uninterrupted run (the region edges are not saved: they move no bit)
-    whole, _ = state(make, exchange="sparse")
-    first, _ = state(make, exchange="sparse")
-    outs_whole, outs_resumed = [], []
-    for t in range(4):
-        grads = gradients("one_region" if t % 2 else "random", rank, P, 20 + t)
-        outs_whole.append(step_of(whole, grads))
-        if t == 2:
-            resumed, _ = state(make, exchange="sparse")
-            resumed.restore(first.tensors())
-            first = resumed
-        outs_resumed.append(step_of(first, grads))
-    result["resume_bitwise"] = all(torch.equal(a, b) for a, b in zip(outs_whole, outs_resumed)) and \
-        torch.equal(whole.residual, first.residual)
+    # bitwise as the uninterrupted run (the region edges are not saved: they move no bit), also
+    # 2 steps into a 3-step warm-up; the control, a fresh state from step 2, does not
+    for label, options in (("resume", {}), ("warmup_resume", {"warmup_steps": 3})):
+        whole, _ = state(make, exchange="sparse", **options)
+        first, _ = state(make, exchange="sparse", **options)
+        fresh = None
+        digests: dict[str, list[str]] = {"straight": [], "resumed": [], "not_restored": []}
+        for t in range(4):
+            grads = gradients("one_region" if t % 2 else "random", rank, P, 20 + t)
+            if t == 2:
+                resumed, _ = state(make, exchange="sparse", **options)
+                resumed.restore(first.tensors())
+                first, fresh = resumed, state(make, exchange="sparse", **options)[0]
+            for key, st in (("straight", whole), ("resumed", first), ("not_restored", fresh)):
+                if st is not None:
+                    digests[key].append(digest(step_of(st, grads), st.residual))
+        result[f"{label}_digests"] = digests
 
     # NaN on one rank: every rank raises naming the tensor, and nothing is committed (both wires)
     for prefix, wire in [("", "fp32")] + [(f"{w}_", w) for w in COMPACT]:
