@@ -273,8 +273,9 @@ def test_a_selection_that_differs_on_one_rank_fails_on_every_rank(exchange, monk
                                            "check_every is set); their models are diverging"] * 2
 
 
-def test_warmup_sends_dense_then_sketches():
-    cfg = GsConfig(ratio=0.01, warmup_steps=2, exchange="sketch", backend="torch")
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_warmup_sends_dense_then_compresses(exchange):
+    cfg = GsConfig(ratio=0.01, warmup_steps=2, exchange=exchange, apply="topk", backend="torch")
     gen = torch.Generator().manual_seed(7)
     grads = [[[torch.randn(5000, generator=gen)] for _ in range(2)] for _ in range(3)]
     ranks, updates = run(cfg, grads)
