@@ -223,6 +223,19 @@ def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchang
         assert all(torch.equal(x, y) for x, y in zip(rank.residuals + rank.momenta, old))
 
 
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_after_a_skipped_step_training_goes_on_alike(exchange):
+    """nonfinite="skip": an Inf on rank 1 drops the whole step on every rank; the next, finite
+    step applies k coordinates, the same on every rank (:func:`run` compares them)."""
+    cfg = GsConfig(ratio=0.02, nonfinite="skip", apply="topk", exchange=exchange, backend="torch")
+    gen = torch.Generator().manual_seed(15)
+    grads = [[[heavy_tailed(gen, 3000), heavy_tailed(gen, 2000)] for _ in range(2)] for _ in range(2)]
+    grads[0][1][0][5] = float("inf")
+    ranks, updates = run(cfg, grads)
+    assert [int(sum((u != 0).sum() for u in step)) for step in updates] == [0, cfg.k_for(5000)]
+    assert [rank.steps for rank in ranks] == [1, 1]  # the skipped step hands back the prior count
+
+
 def test_options_that_differ_across_ranks_fail_on_every_rank():
     sizes = [3000]
     ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes, 2), Rank(GsConfig(seed=1, backend="torch"), sizes, 2)]
