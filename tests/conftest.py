@@ -42,9 +42,14 @@ def _refuse_outside_slow(what: str) -> None:
 
 
 def _launches(args) -> bool:
-    argv0 = args if isinstance(args, (str, bytes, os.PathLike)) else next(iter(args), "")
-    name = os.path.basename(os.fsdecode(argv0).split()[0] if argv0 else "")
-    return name.startswith("python") or name in LAUNCHERS or os.fsdecode(argv0) == sys.executable
+    """Whether a Popen's ``args`` start a Python interpreter, a launcher or a shell."""
+    if isinstance(args, (str, bytes)):  # a command line (shell=True)
+        args = os.fsdecode(args).split()
+    elif isinstance(args, os.PathLike):
+        args = [args]
+    program = os.fsdecode(next(iter(args), ""))
+    name = os.path.basename(program)
+    return program == sys.executable or name.startswith("python") or name in LAUNCHERS
 
 
 _popen_init = subprocess.Popen.__init__
