@@ -1,9 +1,15 @@
-"""Shared set-up: the CUDA simulator for the Numba CUDA kernels, quiet TensorFlow, and a
-helper that runs a worker script under a real ``horovodrun`` or ``torchrun``."""
+"""Shared set-up: the CUDA simulator for the Numba CUDA kernels, quiet TensorFlow, the ``slow``
+tier, and a helper that runs a worker script under a real ``horovodrun`` or ``torchrun``.
+
+Two tiers: ``pytest -m "not slow"`` runs in this one process (the engine on simulated ranks,
+gs_horovod/transports/simulated.py); ``slow`` marks every test that launches a process
+(horovodrun, torchrun, mpirun, a script, another interpreter), which a test outside the tier
+is refused (:func:`pytest_runtest_protocol`). ``pytest tests`` runs both."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing.process
 import os
 import shutil
 import subprocess
@@ -18,6 +24,64 @@ from workers.rank_result import result_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+
+LAUNCHERS = ("horovodrun", "torchrun", "mpirun", "mpiexec", "bash", "sh")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: launches processes (ranks, scripts); deselect with -m 'not slow'")
+
+
+_outside_slow: list[str] = []  # the node id of the test being run when it is not marked slow
+
+
+def _refuse_outside_slow(what: str) -> None:
+    if _outside_slow:
+        pytest.fail(f"{_outside_slow[0]} launches {what} but is not marked slow: add @pytest.mark.slow",
+                    pytrace=False)
+
+
+def _launches(args) -> bool:
+    """Whether a Popen's ``args`` start a Python interpreter, a launcher or a shell."""
+    if isinstance(args, (str, bytes)):  # a command line (shell=True)
+        args = os.fsdecode(args).split()
+    elif isinstance(args, os.PathLike):
+        args = [args]
+    program = os.fsdecode(next(iter(args), ""))
+    name = os.path.basename(program)
+    return program == sys.executable or name.startswith("python") or name in LAUNCHERS
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self, args, *rest, **kw):
+    if _launches(args):
+        _refuse_outside_slow(repr(args)[:200])
+    return _popen_init(self, args, *rest, **kw)
+
+
+def _guarded_process_start(self):
+    _refuse_outside_slow(f"a process ({self!r})")
+    return _process_start(self)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init
+multiprocessing.process.BaseProcess.start = _guarded_process_start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """Around each test (its fixtures included): a test outside the slow tier that launches a
+    Python interpreter, a launcher or a shell, or starts a multiprocessing process, fails naming
+    what it launched."""
+    if item.get_closest_marker("slow") is None:
+        _outside_slow.append(item.nodeid)
+    try:
+        yield
+    finally:
+        _outside_slow.clear()
 
 
 def launcher(name: str) -> str:

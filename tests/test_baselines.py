@@ -270,16 +270,19 @@ def horovod_ranks(request, tmp_path_factory):
 HOROVOD_VARIANTS = ["topk", "topk-layer", "gtopk", "gtopk-layer", "sketched", "powersgd-r1", "powersgd-r4"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_uncompressed_setting_equals_dense_allreduce(horovod_ranks, variant):
     assert all(r[f"{variant}_full_max_abs_diff"] <= 1e-5 for r in horovod_ranks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_every_rank_applies_the_identical_update(horovod_ranks, variant):
     assert len({r[f"{variant}_digest"] for r in horovod_ranks}) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_counted_collectives_are_the_planned_ones(horovod_ranks, variant):
     for r in horovod_ranks:
@@ -287,6 +290,7 @@ def test_horovod_counted_collectives_are_the_planned_ones(horovod_ranks, variant
         assert r[f"{variant}_wire"] == pytest.approx(r[f"{variant}_planned_wire"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["exact", "truncation"])
 def test_horovod_powersgd_runs_its_power_iteration_against_the_svd(horovod_ranks, case):
     """On real ranks (tests/workers/baselines.py ``powersgd_against_svd``): full-rank matrices per

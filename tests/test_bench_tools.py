@@ -76,6 +76,7 @@ def test_variant_words_round_trip_and_label() -> None:
         variants.parse_variant("gtopk:layer")
 
 
+@pytest.mark.slow
 def test_bench_throughput_smoke(tmp_path: Path) -> None:
     """One launch, two phases: a JSON row each, the variant and its options recorded, and the
     collectives the meter saw equal the ones planned from the model's shapes; with --append (as
@@ -124,6 +125,7 @@ def _predictions(path: Path) -> tuple[str, dict[tuple[str, int, str], dict[str, 
     return out, {(r["link"], int(r["P"]), r["variant"]): r for r in rows}
 
 
+@pytest.mark.slow
 def test_cost_model_validates_on_measured_rows_it_never_fitted(tmp_path: Path) -> None:
     """On the measured runs in docs/throughput_fair.jsonl (P = 2 and 4, 10 variants, unshaped and
     two shaped links, 3 repeats): each shaped prediction is measured against the file's own median, its error is
@@ -164,6 +166,7 @@ def test_cost_model_validates_on_measured_rows_it_never_fitted(tmp_path: Path) -
     assert all(calibration[key]["predicted"] != row["predicted"] for key, row in base.items())
 
 
+@pytest.mark.slow
 def test_cost_model_project(tmp_path: Path) -> None:
     table = tmp_path / "projection.json"
     out = _run(str(SCRIPTS / "cost_model.py"), "--project", "--variants", "gs gtopk:scope=layer powersgd:rank=1 none",
@@ -210,6 +213,7 @@ def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
             assert (payload, wire) == pytest.approx(counted[v]), v
 
 
+@pytest.mark.slow
 def test_bench_wire_counted_and_measured(tmp_path: Path) -> None:
     """bench_wire --table, and --measure on 2 Horovod ranks against the counted table (the
     baselines' meters count at the transport; gs-SGD's and dense's meters follow the plan,
@@ -242,6 +246,7 @@ REFUSERS = {
 """Each data-writing script of scripts/bench/ that appends to --out, with cheap arguments."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", [*REFUSERS, "bench_throughput.sh", "collective_sweep.sh"])
 def test_an_existing_out_is_refused_without_append(tmp_path: Path, script: str) -> None:
     """Run as a user runs it on an --out that exists: a non-zero exit whose message names the
@@ -263,6 +268,7 @@ def test_an_existing_out_is_refused_without_append(tmp_path: Path, script: str) 
     assert out.read_text() == before
 
 
+@pytest.mark.slow
 def test_bench_recovery_append_stamps_each_invocations_records(tmp_path: Path) -> None:
     """``bench_recovery.py --run ... --append`` twice on an existing file: the earlier line is
     kept as it was, each invocation's records follow with their own run_id (UTC time and random
@@ -283,6 +289,7 @@ def test_bench_recovery_append_stamps_each_invocations_records(tmp_path: Path) -
     assert all(r["code"] == runs.code_version() for r in records)
 
 
+@pytest.mark.slow
 def test_time_to_accuracy_run_refuses_or_appends_with_a_run_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
     """``bench_time_to_accuracy.py run`` (its trainings replaced by a stand-in): an existing

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 from conftest import horovodrun
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 SIZES = (2, 3)
 EXCHANGES = ("sketch", "allgather", "sparse")
 

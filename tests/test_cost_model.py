@@ -75,6 +75,7 @@ def test_comm_seconds_is_alpha_plus_bytes_over_beta_per_round() -> None:
         ring_allreduce_seconds(n, 4, a, b) + 3 * (1e-3 + n / 10 / 9e6), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_validate_with_the_fit(tmp_path: Path) -> None:
     """Training rows whose allreduce runs at BETA's rate (not the ping-pong's), their step time
     written by hand (0.05 s of compute + the ring allreduce's rounds): --collectives predicts

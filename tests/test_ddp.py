@@ -25,6 +25,7 @@ def ranks(request, tmp_path_factory):
     return torchrun("ddp_scenarios.py", n, tmp_path_factory.mktemp(f"ddp{n}"), "all" if n == 2 else "quick")
 
 
+@pytest.mark.slow
 def test_k_equal_d_is_ddp_default_allreduce_over_several_buckets(ranks, exchange):
     for r in (r[exchange] for r in ranks):
         assert r["exact_plain_max_abs_diff"] <= 1e-6
@@ -32,6 +33,7 @@ def test_k_equal_d_is_ddp_default_allreduce_over_several_buckets(ranks, exchange
         assert len(r["topk_global_buckets"]) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("label", ["global", "fixed"])
 def test_one_global_top_k_across_all_buckets(ranks, exchange, label):
     ranks = [r[exchange] for r in ranks]
@@ -45,6 +47,7 @@ def test_one_global_top_k_across_all_buckets(ranks, exchange, label):
         assert len(set(r[f"topk_{label}_digests"])) == 3
 
 
+@pytest.mark.slow
 def test_layer_scope_takes_k_of_every_tensor(ranks, exchange):
     ranks = [r[exchange] for r in ranks]
     sizes = ranks[0]["sizes"]
@@ -61,6 +64,7 @@ def horovod(ranks, tmp_path_factory):
     return horovodrun("ddp_scenarios.py", len(ranks), "gloo", tmp_path_factory.mktemp("horovod"), "horovod")
 
 
+@pytest.mark.slow
 def test_updates_equal_the_horovod_adapters(ranks, horovod, exchange):
     n = len(ranks)
     for r, h in zip(ranks, horovod):
@@ -75,6 +79,7 @@ def test_updates_equal_the_horovod_adapters(ranks, horovod, exchange):
             assert max(abs(a - b) for a, b in zip(mine, theirs)) <= tolerance
 
 
+@pytest.mark.slow
 def test_resume_from_rank0_file_or_per_rank_files_is_bitwise_the_straight_run(ranks, exchange):
     ranks = [r[exchange] for r in ranks]
     for r in ranks:
@@ -84,6 +89,7 @@ def test_resume_from_rank0_file_or_per_rank_files_is_bitwise_the_straight_run(ra
     assert len({r["straight"] for r in ranks}) == 1
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, exchange):
     for r in (r[exchange] for r in ranks):
         assert r["nan_raise_error"].startswith("GsSketch: the gradient of '2.weight' is NaN or infinite")
@@ -94,12 +100,14 @@ def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, exchang
         assert r["nan_skip_residuals_unchanged"] and r["nan_skip_skipped"] == 1
 
 
+@pytest.mark.slow
 def test_options_that_differ_across_ranks_fail_on_every_rank(ranks):
     for r in ranks:
         assert r["mismatch_seed_error"].startswith("ValueError: GsSketch options differ across ranks")
         assert f"seed={r['rank']}" in r["mismatch_seed_error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idiom", ["no_sync", "unused", "static_graph", "autocast"])
 def test_ddp_idioms_with_k_equal_d_match_the_default_hook(ranks, idiom):
     if len(ranks) != 2:
@@ -109,6 +117,7 @@ def test_ddp_idioms_with_k_equal_d_match_the_default_hook(ranks, idiom):
         assert r[f"exact_{idiom}_steps"] == 4
 
 
+@pytest.mark.slow
 def test_bf16_autocast_trains_and_ranks_agree(ranks):
     if len(ranks) != 2:
         pytest.skip("DDP's idioms run in the 2-rank job")
@@ -121,6 +130,7 @@ def test_bf16_autocast_trains_and_ranks_agree(ranks):
     assert len({r["autocast_gs_digest"] for r in ranks}) == 1
 
 
+@pytest.mark.slow
 def test_torch_compiled_ddp_model_runs_the_hook(ranks):
     if len(ranks) != 2:
         pytest.skip("DDP's idioms run in the 2-rank job")
@@ -130,6 +140,7 @@ def test_torch_compiled_ddp_model_runs_the_hook(ranks):
         assert r["compile_max_abs_diff"] <= 1e-5  # compiled kernels against eager default DDP
 
 
+@pytest.mark.slow
 def test_powersgd_bytes_as_counted_for_the_benchmarks(ranks):
     if len(ranks) != 2:
         pytest.skip("run in the 2-rank job")

@@ -31,6 +31,7 @@ def test_wait_on_thread_returns_the_value_or_re_raises_its_error():
         wait_on_thread(fails, 5.0, end=lambda: None)
 
 
+@pytest.mark.slow
 def test_a_thread_still_waiting_at_exit_is_ended_and_joined_before_the_interpreter_finalizes():
     program = textwrap.dedent("""
         import threading

@@ -240,6 +240,7 @@ def adapter_ranks(request, tmp_path_factory):
     return torchrun("density_ranks.py", 2, out, request.param)
 
 
+@pytest.mark.slow
 def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapter_ranks):
     for r in adapter_ranks:
         tight, loose = r["tight"], r["loose"]

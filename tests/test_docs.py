@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import check_docs  # noqa: E402
 
 
+@pytest.mark.slow
 def test_the_docs_pass_the_check() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_docs.py")], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers, torchrun_command
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
 ACCURACY_BAND = 0.02  # how much lower the faulted demo's held-out accuracy may end (docs/reliability.md)
 

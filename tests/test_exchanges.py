@@ -1,23 +1,44 @@
-"""The engine's exchanges on every real transport (Horovod over gloo, ``merge="mpi"`` over
-mpi4py, torch.distributed under torchrun) at 2, 3 and 4 ranks, against a NumPy recomputation
-of the step from every rank's gradients (tests/workers/exchanges.py)."""
+"""The engine's exchanges on simulated ranks (the fast tier) and on every real transport
+(Horovod over gloo, ``merge="mpi"`` over mpi4py, torch.distributed under torchrun; slow) at 2,
+3 and 4 ranks, against a NumPy recomputation of the step from every rank's gradients
+(tests/workers/exchanges.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-SETUPS = [("horovod", 2), ("horovod", 4), ("mpi", 3), ("ddp", 3)]
+SETUPS = [("simulated", 2), ("simulated", 3), ("simulated", 4), ("horovod", 2), ("horovod", 4), ("mpi", 3),
+          ("ddp", 3)]
 CASES = ("random", "ties", "one_region", "zero_rank")
 K = 45  # ceil(0.01 · 4500)
+RUNS = ("sparse", "allgather", "sketch", "compact_sparse", "compact_allgather", "compact8_sparse", "compact8_allgather")
 
 
-@pytest.fixture(scope="module", params=SETUPS, ids=[f"{t}-{n}ranks" for t, n in SETUPS])
+def simulated(n: int) -> list[dict]:
+    """The worker's scenarios on ``n`` simulated ranks in this process, each rank's result as
+    the JSON a real rank writes."""
+    from workers.exchanges import scenarios
+
+    from gs_horovod.transports.simulated import SimulatedRanks
+
+    def rank(r, comm):
+        gather = lambda x: comm.allgather(x[None], f"test.gather.{x.numel()}")  # noqa: E731
+        return json.loads(json.dumps(scenarios(lambda: comm, gather, r, n)))
+
+    return SimulatedRanks(n).run(rank)
+
+
+@pytest.fixture(scope="module", params=[pytest.param(s, marks=() if s[0] == "simulated" else pytest.mark.slow,
+                                                     id=f"{s[0]}-{s[1]}ranks") for s in SETUPS])
 def ranks(request, tmp_path_factory):
     from conftest import horovodrun, torchrun
 
     kind, n = request.param
+    if kind == "simulated":
+        return simulated(n)
     out = tmp_path_factory.mktemp(f"{kind}{n}")
     if kind == "ddp":
         return torchrun("exchanges.py", n, out, kind)
@@ -114,8 +135,7 @@ def test_compact_bytes_counted_are_the_encoded_bytes_handed_over(ranks, case):
     assert sum(r[f"compact8_{case}_counted"]["gather"] for r in ranks) < 3 * fp32 / 8 + 6 * P
 
 
-@pytest.mark.parametrize("exchange", ["sparse", "allgather", "sketch", "compact_sparse", "compact_allgather",
-                                      "compact8_sparse", "compact8_allgather"])
+@pytest.mark.parametrize("exchange", RUNS)
 def test_residuals_keep_what_was_not_applied(ranks, exchange):
     for r in ranks:
         assert r[f"{exchange}_exchange"] == exchange.split("_")[-1]
@@ -123,13 +143,33 @@ def test_residuals_keep_what_was_not_applied(ranks, exchange):
         assert r[f"{exchange}_digest"] == ranks[0][f"{exchange}_digest"]
 
 
+@pytest.mark.parametrize("exchange", RUNS)
+def test_every_exchanges_stats_count_the_bytes_handed_to_collectives(ranks, exchange):
+    # 4 steps of each exchange and wire; the small tensors travel in the exact round when it
+    # runs (counted there, in the stats as dense); the NaN flags' allreduce is no payload
+    for r in ranks:
+        counted, stats = r[f"{exchange}_steps_counted"], r[f"{exchange}_steps_stats"]
+        got = {f: counted.get(f, 0) for f in ("sketch", "gather", "alltoall", "select")}
+        got["exact+dense"] = counted.get("exact", 0) + counted.get("dense", 0)
+        want = {f: stats[f"{f}_bytes"] for f in ("sketch", "gather", "alltoall", "select")}
+        want["exact+dense"] = stats["exact_bytes"] + stats["dense_bytes"]
+        assert got == want and sum(want.values()) > 0
+        assert stats["steps"] == 4
+
+
 def test_sparse_equals_the_allgathers_top_k_step_after_step(ranks):
     assert all(r["sparse_equals_allgather_topk"] for r in ranks)
     assert not math.isclose(ranks[0]["sparse_digest"], ranks[0]["sketch_digest"])  # the sketch differs
 
 
-def test_resume_from_saved_state_is_bitwise(ranks):
-    assert all(r["resume_bitwise"] for r in ranks)
+@pytest.mark.parametrize("label", ["resume", "warmup_resume"])
+def test_resume_from_saved_state_is_bitwise(ranks, label):
+    # 4 steps straight; restored after 2 steps (of a 3-step warm-up for "warmup_resume"); the
+    # control: steps 2 and 3 from a fresh state (digests of each step's update and residual)
+    for r in ranks:
+        digests = r[f"{label}_digests"]
+        assert digests["resumed"] == digests["straight"]
+        assert digests["not_restored"] != digests["straight"][2:], "the saved state changed nothing"
 
 
 @pytest.mark.parametrize("wire", ["", "compact_", "compact8_"])

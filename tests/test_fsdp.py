@@ -40,6 +40,7 @@ def flat(named: dict[str, list[float]]) -> np.ndarray:
     return np.concatenate([np.asarray(named[n], np.float32) for n in sorted(named)])
 
 
+@pytest.mark.slow
 def test_ratio_one_is_the_mean_over_the_replicate_group(ranks):
     for r, mine in enumerate(ranks):
         record = mine["exact"]
@@ -103,6 +104,7 @@ def top_k_of_the_union(inputs: list[list[dict]], ratio: float) -> list[np.ndarra
     return replay(inputs, ratio, select)
 
 
+@pytest.mark.slow
 def test_top_k_allgather_update_equals_numpy_from_every_ranks_shard_gradients(ranks):
     for r, mine in enumerate(ranks):
         assert mine["allgather"]["exchange"] == "allgather" and mine["allgather"]["steps"] == 3
@@ -112,6 +114,7 @@ def test_top_k_allgather_update_equals_numpy_from_every_ranks_shard_gradients(ra
             assert np.abs(flat(got) - want).max() <= 1e-6
 
 
+@pytest.mark.slow
 def test_sparse_exchange_update_equals_numpy_from_every_ranks_shard_gradients(ranks):
     # exchange="sparse" under FSDP2: the pairs to their owners over the replicate group, the
     # top k of the union's sums back to every rank
@@ -126,18 +129,21 @@ def test_sparse_exchange_update_equals_numpy_from_every_ranks_shard_gradients(ra
             assert np.abs(got - want).max() <= 1e-6, f"rank {r} step {step}"
 
 
+@pytest.mark.slow
 def test_ratio_one_trains_as_native_hsdp(ranks):
     for r in ranks:
         assert r["native"]["max_abs_diff"] <= 1e-6
         assert r["native"]["steps"] == 4
 
 
+@pytest.mark.slow
 def test_accumulation_with_set_requires_all_reduce_false_steps_once_per_update(ranks):
     for r in ranks:
         assert r["accumulate"]["max_abs_diff"] <= 1e-6  # native HSDP accumulating the same micro-batches
         assert r["accumulate"]["steps"] == 4  # 4 optimizer steps of 2 micro-batches: no step on the first
 
 
+@pytest.mark.slow
 def test_one_global_top_k_over_every_modules_shards(ranks):
     for r in ranks:
         top = r["topk_global"]
@@ -152,6 +158,7 @@ def test_one_global_top_k_over_every_modules_shards(ranks):
     assert len({r["topk_global"]["digest"] for r in ranks}) == 1  # every replica of every shard alike
 
 
+@pytest.mark.slow
 def test_bf16_parameters_with_f32_or_bf16_reduction(jobs):
     ranks = jobs["2x2"]
     for r in ranks:
@@ -167,6 +174,7 @@ def test_bf16_parameters_with_f32_or_bf16_reduction(jobs):
     assert len({r["bf16_gs"]["digest"] for r in ranks}) == 1
 
 
+@pytest.mark.slow
 def test_resume_beside_dcp_is_bitwise_the_straight_run(jobs):
     ranks = jobs["2x2"]
     for r in ranks:
@@ -176,6 +184,7 @@ def test_resume_beside_dcp_is_bitwise_the_straight_run(jobs):
     assert len({r["straight"] for r in ranks}) == 1
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_other_options_or_another_mesh_is_refused(jobs):
     for rank, r in enumerate(jobs["2x2"]):
         assert r["other_options_error"] == ("ValueError: GsSketch state was saved with different options: "
@@ -185,6 +194,7 @@ def test_a_checkpoint_of_other_options_or_another_mesh_is_refused(jobs):
         assert (rank < 2) == ("mesh_coordinate" not in r["other_mesh_error"])  # (0, r) in both meshes for r < 2
 
 
+@pytest.mark.slow
 def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
     for r in ranks:
         assert r["nan_raise"]["error"].startswith("FloatingPointError: GsSketch: the gradient of '2.weight' is NaN or "
@@ -197,6 +207,7 @@ def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
     assert sum(r["nan_raise"]["nan_in_own_shard"] for r in ranks) == 1
 
 
+@pytest.mark.slow
 def test_refusals_raise_on_every_rank(jobs):
     for rank, r in enumerate(jobs["2x2"]):
         assert r["mismatch_seed_error"].startswith("ValueError: GsSketch options differ across ranks")
@@ -209,6 +220,7 @@ def test_refusals_raise_on_every_rank(jobs):
                                             "shards")
 
 
+@pytest.mark.slow
 def test_rank0_alone_saving_raises_there_within_the_timeout_then_every_rank_raises(jobs):
     ranks = jobs["2x2"]
     error = ranks[0]["alone_save_error"]
@@ -223,6 +235,7 @@ def test_rank0_alone_saving_raises_there_within_the_timeout_then_every_rank_rais
                                         "at the same point)")
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_step_under_torchrun_ends_the_job(tmp_path):
     """Rank 3 of 2 × 2 SIGKILLs itself inside its third step; torchrun's agent stops the others."""
     cmd = [*torchrun_command(4), sys.executable, str(WORKERS / "fsdp_scenarios.py"), str(tmp_path), "killed"]
@@ -278,6 +291,7 @@ def test_bad_input_names_the_parameter(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compression", ["gs", "none"])
 def test_the_example_trains_the_lm_on_2x2(tmp_path, compression):
     """``train_fsdp.py --model lm`` under torchrun on 4 ranks as 2 × 2, a tiny LSTM for 2 steps:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from gs_horovod.engine import GsConfig, GsSgd, Payload, Plan
+from gs_horovod.engine.exchanges import EXCHANGES
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.torch import GsSketch
@@ -221,6 +223,19 @@ def test_a_non_finite_step_commits_nothing_on_any_rank(nonfinite, exact, exchang
         assert all(torch.equal(x, y) for x, y in zip(rank.residuals + rank.momenta, old))
 
 
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_after_a_skipped_step_training_goes_on_alike(exchange):
+    """nonfinite="skip": an Inf on rank 1 drops the whole step on every rank; the next, finite
+    step applies k coordinates, the same on every rank (:func:`run` compares them)."""
+    cfg = GsConfig(ratio=0.02, nonfinite="skip", apply="topk", exchange=exchange, backend="torch")
+    gen = torch.Generator().manual_seed(15)
+    grads = [[[heavy_tailed(gen, 3000), heavy_tailed(gen, 2000)] for _ in range(2)] for _ in range(2)]
+    grads[0][1][0][5] = float("inf")
+    ranks, updates = run(cfg, grads)
+    assert [int(sum((u != 0).sum() for u in step)) for step in updates] == [0, cfg.k_for(5000)]
+    assert [rank.steps for rank in ranks] == [1, 1]  # the skipped step hands back the prior count
+
+
 def test_options_that_differ_across_ranks_fail_on_every_rank():
     sizes = [3000]
     ranks = [Rank(GsConfig(seed=0, backend="torch"), sizes, 2), Rank(GsConfig(seed=1, backend="torch"), sizes, 2)]
@@ -229,8 +244,51 @@ def test_options_that_differ_across_ranks_fail_on_every_rank():
         assert "GsSketch options differ across ranks" in str(error)
 
 
-def test_warmup_sends_dense_then_sketches():
-    cfg = GsConfig(ratio=0.01, warmup_steps=2, exchange="sketch", backend="torch")
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_a_selection_that_differs_on_one_rank_fails_on_every_rank(exchange, monkeypatch):
+    """check_every=1: ranks that select alike pass the check; rank 1 selecting every coordinate
+    one off (its sketch's heavy hitters, or the candidates its pair exchange returns after the
+    exchange's collectives, so the ranks stay in step until the check) makes every rank raise."""
+    cfg = GsConfig(ratio=0.02, check_every=1, exchange=exchange, backend="torch")
+    gen = torch.Generator().manual_seed(14)
+    grads = [[[heavy_tailed(gen, 3000)] for _ in range(2)] for _ in range(3)]
+    ranks, _ = run(cfg, grads[:2])  # alike: checked at steps 0 and 1 without an error
+    skewed = threading.local()  # .on in rank 1's thread
+    if exchange == "sketch":
+        heavy_hitters = TorchOps.heavy_hitters
+
+        def off_by_one(self, table, keys, length, count):
+            idx, est = heavy_hitters(self, table, keys, length, count)
+            return ((idx + 1) % length, est) if getattr(skewed, "on", False) else (idx, est)
+
+        monkeypatch.setattr(TorchOps, "heavy_hitters", off_by_one)
+    else:
+        pairs = type(EXCHANGES[exchange])
+        nominate = pairs.nominate
+
+        def off_by_one(self, *args):
+            nominated = nominate(self, *args)
+            if not getattr(skewed, "on", False):
+                return nominated
+            return nominated._replace(groups=[c._replace(idx=(c.idx + 1) % 3000) for c in nominated.groups])
+
+        monkeypatch.setattr(pairs, "nominate", off_by_one)
+
+    def step(r, comm):
+        skewed.on = r == 1
+        try:
+            ranks[r].step(comm, grads[2][r])
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    assert SimulatedRanks(2).run(step) == ["GsSketch: ranks selected different coordinates at step 2 (checked because "
+                                           "check_every is set); their models are diverging"] * 2
+
+
+@pytest.mark.parametrize("exchange", ["sketch", "allgather", "sparse"])
+def test_warmup_sends_dense_then_compresses(exchange):
+    cfg = GsConfig(ratio=0.01, warmup_steps=2, exchange=exchange, apply="topk", backend="torch")
     gen = torch.Generator().manual_seed(7)
     grads = [[[torch.randn(5000, generator=gen)] for _ in range(2)] for _ in range(3)]
     ranks, updates = run(cfg, grads)

@@ -42,6 +42,7 @@ def ranks(tmp_path_factory):
     return horovodrun("tf_scenarios.py", 2, "gloo", tmp_path_factory.mktemp("tf"), timeout=480)
 
 
+@pytest.mark.slow
 def test_k_equal_d_with_exact_round_is_dense_allreduce(ranks):
     assert all(r["k_equals_d_max_abs_diff"] <= 1e-6 for r in ranks)
 
@@ -54,6 +55,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("exchange", EXCHANGES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", [True, False], ids=["tf.function", "eager"])
 @pytest.mark.parametrize("exact", [True, False])
 def test_every_rank_applies_the_identical_update_sketch(ranks, graph, exact):
@@ -61,6 +63,7 @@ def test_every_rank_applies_the_identical_update_sketch(ranks, graph, exact):
     assert len(set(digests[0])) == len(digests[0]) and digests[0] == digests[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exact", [True, False])
 def test_eager_gives_the_same_bits_as_tf_function(ranks, exact):
     # Horovod runs the tape's allreduces in a tf.function either way
@@ -68,6 +71,7 @@ def test_eager_gives_the_same_bits_as_tf_function(ranks, exact):
         assert r[f"digests_graph_False_exact_{exact}"] == r[f"digests_graph_True_exact_{exact}"]
 
 
+@pytest.mark.slow
 def test_warmup_is_dense_then_compressed_alike_on_every_rank(ranks, exchange):
     assert ranks[0][f"{exchange}_warmup_digests"] == ranks[1][f"{exchange}_warmup_digests"]
     assert len(set(ranks[0][f"{exchange}_warmup_digests"])) == 4
@@ -85,6 +89,7 @@ def test_warmup_is_dense_then_compressed_alike_on_every_rank(ranks, exchange):
         assert r[f"{exchange}_after_warmup_dense_max_abs_diff"] > 1e-3
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_is_bitwise_identical(ranks):
     for r in ranks:
         assert r["resume_restored"] == r["resume_straight"]
@@ -94,6 +99,7 @@ def test_checkpoint_resume_is_bitwise_identical(ranks):
         assert r["resume_not_loaded"] != r["resume_straight"] and r["resume_not_loaded_steps"] == [4]
 
 
+@pytest.mark.slow
 def test_a_nan_in_one_gradient_on_one_rank_raises_and_commits_nothing_on_any_rank(ranks, exchange):
     for r in ranks:
         assert "GsSketch: the gradient of 'w2:0' is NaN or infinite on at least one rank at step 1" \
@@ -101,12 +107,14 @@ def test_a_nan_in_one_gradient_on_one_rank_raises_and_commits_nothing_on_any_ran
         assert r[f"{exchange}_nan_raise_unchanged"] and r[f"{exchange}_nan_raise_steps"] == [1]
 
 
+@pytest.mark.slow
 def test_a_nan_with_skip_commits_nothing_on_any_rank(ranks):
     for r in ranks:
         assert r["sketch_nan_skip_error"] is None
         assert r["sketch_nan_skip_unchanged"] and r["sketch_nan_skip_steps"] == [1]
 
 
+@pytest.mark.slow
 def test_bfloat16_variables_train_alike_on_every_rank(ranks):
     assert ranks[0]["bf16_finite"] and ranks[0]["bf16_digest"] == ranks[1]["bf16_digest"]
     for r in ranks:  # 3 steps moved every variable, the bfloat16 ones (w1 sketched, b1) included
@@ -114,12 +122,14 @@ def test_bfloat16_variables_train_alike_on_every_rank(ranks):
         assert all(count > 0 for count in r["bf16_moved"].values()), f"coordinates moved: {r['bf16_moved']}"
 
 
+@pytest.mark.slow
 def test_diverging_selections_and_options_fail_on_every_rank(ranks):
     for r in ranks:
         assert "GsSketch: ranks selected different coordinates at step 0" in r["check_every_error"]
         assert "GsSketch options differ across ranks" in r["mismatch_seed_error"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_sparse_exchange_trains_bitwise_as_the_allgathers_top_k(ranks, scope):
     # DistributedGradientTape in a tf.function, the same start and batches, 4 steps
@@ -132,6 +142,7 @@ def test_sparse_exchange_trains_bitwise_as_the_allgathers_top_k(ranks, scope):
         assert gather["alltoall_bytes"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wire", ["compact", "compact8"])
 @pytest.mark.parametrize("pairs", ["sparse", "allgather"])
 def test_compact_wire_trains_alike_on_every_rank_in_a_tf_function(ranks, pairs, wire):
@@ -147,6 +158,7 @@ def test_compact_wire_trains_alike_on_every_rank_in_a_tf_function(ranks, pairs, 
             assert stats["gather_bytes"] + stats["alltoall_bytes"] < compact["gather_bytes"] + compact["alltoall_bytes"]
 
 
+@pytest.mark.slow
 def test_keras_training_stays_close_to_dense(ranks):
     # 12 epochs of tf-keras fit, k = 5 % of the model's coordinates
     for r in ranks:
@@ -159,11 +171,13 @@ def mpi_ranks(tmp_path_factory):
     return horovodrun("tf_mpi.py", 2, "mpi", tmp_path_factory.mktemp("tf_mpi"), timeout=300)
 
 
+@pytest.mark.slow
 def test_tree_merge_over_mpi_matches_dense(mpi_ranks):
     for r in mpi_ranks:
         assert r["k_equals_d_max_abs_diff"] <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exchange", EXCHANGES)
 def test_tree_merge_over_mpi_agrees_across_ranks(mpi_ranks, exchange):
     for r in mpi_ranks:

@@ -1,13 +1,17 @@
 """GsSketch inside hvd.DistributedOptimizer on real Horovod ranks (gloo and MPI, 2 and 3), each
 exchange named in the test id: one horovodrun job per setup runs every scenario for the
 sketch, the allgather and the sparse exchange (tests/workers/torch_scenarios.py). Byte counts
-are checked against the tensors handed to Horovod's collectives (tests/workers/handed_over.py)."""
+are checked against the tensors handed to Horovod's collectives (tests/workers/handed_over.py).
+The MPI setups run the adapter's core checks; one more 2-rank MPI job runs the options the
+gloo setups cover beyond them (test_the_mpi_controller_runs_the_options_left_to_gloo)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+
+pytestmark = pytest.mark.slow  # every test here launches processes
 
 SETUPS = [(2, "gloo"), (3, "gloo"), (2, "mpi"), (3, "mpi")]
 EXCHANGES = ("sketch", "allgather", "sparse")
@@ -36,56 +40,94 @@ def of(ranks: list[dict], exchange: str) -> list[dict]:
     return [r[exchange] for r in ranks]
 
 
-@pytest.mark.parametrize("op", ["avg", "sum"])
-def test_k_equal_d_is_dense_allreduce(ranks, exchange, op):
-    if ranks[0]["scenarios"] == "mpi" and op == "sum":
-        pytest.skip("run in the gloo setups")
-    # op=hvd.Average and hvd.Sum: k = D gives Horovod's dense result with the same op
-    for r in of(ranks, exchange):
-        assert r[f"k_equals_d_{op}_max_abs_diff"] <= 1e-6
-        assert r[f"k_equals_d_{op}_changed"] > 1e-3
+OPTIONS = ["exact_True", "exact_False", "candidates2", "apply_all", "prefilter0"]
+LEFT_TO_GLOO = "run in the gloo setups and once under MPI (test_the_mpi_controller_runs_the_options_left_to_gloo)"
 
 
-@pytest.mark.parametrize("label", ["exact_True", "exact_False", "candidates2", "apply_all", "prefilter0"])
-def test_every_rank_applies_the_identical_update(ranks, exchange, label):
-    if ranks[0]["scenarios"] == "mpi" and label != "exact_True":
-        pytest.skip("run in the gloo setups")
-    digests = [r[f"{label}_digests"] for r in of(ranks, exchange)]
-    assert len(set(digests[0])) == len(digests[0]), "parameters did not change every step"
-    assert all(d == digests[0] for d in digests[1:])
+def check_k_equal_d(rs: list[dict], op: str) -> None:
+    """op=hvd.Average and hvd.Sum: k = D gives Horovod's dense result with the same op."""
+    for r in rs:
+        assert r[f"k_equals_d_{op}_max_abs_diff"] <= 1e-6, f"op {op}: k = D is not Horovod's dense result"
+        assert r[f"k_equals_d_{op}_changed"] > 1e-3, f"op {op}: the parameters did not move"
 
 
-@pytest.mark.parametrize("label", ["exact_True", "exact_False", "candidates2", "apply_all", "prefilter0"])
-def test_stats_count_the_bytes_handed_to_horovod(ranks, exchange, label):
-    if ranks[0]["scenarios"] == "mpi" and label != "exact_True":
-        pytest.skip("run in the gloo setups")
-    for r in of(ranks, exchange):
+def check_identical_update(rs: list[dict], label: str) -> None:
+    digests = [r[f"{label}_digests"] for r in rs]
+    assert len(set(digests[0])) == len(digests[0]), f"{label}: parameters did not change every step"
+    assert all(d == digests[0] for d in digests[1:]), f"{label}: ranks applied different updates"
+
+
+def check_stats(rs: list[dict], exchange: str, label: str) -> None:
+    for r in rs:
         counted, stats = r[f"{label}_counted"], r[f"{label}_stats"]
         assert counted["unknown"] == []
         for field in ("sketch", "gather", "alltoall", "select"):
-            assert counted[field] == stats[f"{field}_bytes"], field
+            assert counted[field] == stats[f"{field}_bytes"], f"{label}: {field} bytes"
         # the exact round carries the small tensors when it runs
-        assert counted["exact"] + counted["dense"] == stats["exact_bytes"] + stats["dense_bytes"]
+        assert counted["exact"] + counted["dense"] == stats["exact_bytes"] + stats["dense_bytes"], label
         assert stats["steps"] == len(r[f"{label}_digests"])
         # what the exchange sends: sketch tables for the sketch, pairs for the others
         if exchange == "sketch":
-            assert counted["sketch"] > 0 and counted["gather"] == counted["alltoall"] == 0
+            assert counted["sketch"] > 0 and counted["gather"] == counted["alltoall"] == 0, (label, counted)
         else:
-            assert counted["sketch"] == 0 and counted["gather"] > 0
-            assert (counted["alltoall"] > 0 and counted["select"] > 0) == (exchange == "sparse")
+            assert counted["sketch"] == 0 and counted["gather"] > 0, (label, counted)
+            assert (counted["alltoall"] > 0 and counted["select"] > 0) == (exchange == "sparse"), (label, counted)
         # Horovod's optimizer allreduces one float32 placeholder per parameter per step (not in stats)
         assert r[f"{label}_optimizer_bytes"] == 4 * 6 * stats["steps"]
 
 
-def test_warmup_steps_are_dense_then_compressed(ranks, exchange):
-    if ranks[0]["scenarios"] == "mpi":
-        pytest.skip("run in the gloo setups")
-    for r in of(ranks, exchange):
+def check_warmup(rs: list[dict]) -> None:
+    for r in rs:
         after_warmup, after_more = r["warmup_max_abs_diff"]
-        assert after_warmup <= 1e-6 < 1e-4 < after_more
+        assert after_warmup <= 1e-6 < 1e-4 < after_more, r["warmup_max_abs_diff"]
         # 2 dense steps of every element, then only the small tensors are counted as dense
         elements = r["warmup_elements"]
         assert r["warmup_dense_bytes"] == [2 * 4 * elements, 2 * 4 * (elements + SMALL_ELEMENTS)]
+
+
+def check_state_keys_and_dtype(rs: list[dict], dtype: str) -> None:
+    for r in rs:
+        # 6 optimizer steps; the last layer had no gradient on steps 0 and 3 (Horovod sends
+        # zeros for it) and backward_passes_per_step=2: every parameter was compressed 6 times
+        # (biases of 32 and 10 elements are under min_size: they pass through the exact round)
+        compressed = ("0.weight", "0.bias", "2.weight", "4.weight")
+        assert r[f"{dtype}_state_steps"] == {f"s.{dtype}.{n}": 6 for n in compressed}
+        dt = {"bf16": "torch.bfloat16", "fp64": "torch.float64"}[dtype]
+        assert r[f"{dtype}_grad_dtypes"] == r[f"{dtype}_param_dtypes"] == [dt]
+        assert r[f"{dtype}_params_finite"] and r[f"{dtype}_changed"] > 0, f"{dtype}: not finite or did not move"
+    assert len({r[f"{dtype}_digest"] for r in rs}) == 1, f"{dtype}: ranks ended with different models"
+
+
+def check_grouped(rs: list[dict]) -> None:
+    for r in rs:
+        assert r["groups_grouped_digest"] == r["groups_plain_digest"], "groups=2 changed the model"
+
+
+@pytest.mark.parametrize("op", ["avg", "sum"])
+def test_k_equal_d_is_dense_allreduce(ranks, exchange, op):
+    if ranks[0]["scenarios"] == "mpi" and op == "sum":
+        pytest.skip(LEFT_TO_GLOO)
+    check_k_equal_d(of(ranks, exchange), op)
+
+
+@pytest.mark.parametrize("label", OPTIONS)
+def test_every_rank_applies_the_identical_update(ranks, exchange, label):
+    if ranks[0]["scenarios"] == "mpi" and label != "exact_True":
+        pytest.skip(LEFT_TO_GLOO)
+    check_identical_update(of(ranks, exchange), label)
+
+
+@pytest.mark.parametrize("label", OPTIONS)
+def test_stats_count_the_bytes_handed_to_horovod(ranks, exchange, label):
+    if ranks[0]["scenarios"] == "mpi" and label != "exact_True":
+        pytest.skip(LEFT_TO_GLOO)
+    check_stats(of(ranks, exchange), exchange, label)
+
+
+def test_warmup_steps_are_dense_then_compressed(ranks, exchange):
+    if ranks[0]["scenarios"] == "mpi":
+        pytest.skip(LEFT_TO_GLOO)
+    check_warmup(of(ranks, exchange))
 
 
 def test_training_stays_close_to_dense(ranks, exchange):
@@ -106,24 +148,38 @@ def test_training_stays_close_to_dense(ranks, exchange):
 @pytest.mark.parametrize("dtype", ["bf16", "fp64"])
 def test_state_is_keyed_by_parameter_across_none_grads_and_accumulation(ranks, exchange, dtype):
     if ranks[0]["scenarios"] == "mpi":
-        pytest.skip("run in the gloo setups")
-    for r in of(ranks, exchange):
-        # 6 optimizer steps; the last layer had no gradient on steps 0 and 3 (Horovod sends
-        # zeros for it) and backward_passes_per_step=2: every parameter was compressed 6 times
-        # (biases of 32 and 10 elements are under min_size: they pass through the exact round)
-        compressed = ("0.weight", "0.bias", "2.weight", "4.weight")
-        assert r[f"{dtype}_state_steps"] == {f"s.{dtype}.{n}": 6 for n in compressed}
-        dt = {"bf16": "torch.bfloat16", "fp64": "torch.float64"}[dtype]
-        assert r[f"{dtype}_grad_dtypes"] == r[f"{dtype}_param_dtypes"] == [dt]
-        assert r[f"{dtype}_params_finite"] and r[f"{dtype}_changed"] > 0
-    assert len({r[f"{dtype}_digest"] for r in of(ranks, exchange)}) == 1
+        pytest.skip(LEFT_TO_GLOO)
+    check_state_keys_and_dtype(of(ranks, exchange), dtype)
 
 
 def test_grouped_allreduce_gives_the_same_model(ranks, exchange):
     if ranks[0]["scenarios"] == "mpi":
-        pytest.skip("run in the gloo setups")
-    for r in of(ranks, exchange):
-        assert r["groups_grouped_digest"] == r["groups_plain_digest"]
+        pytest.skip(LEFT_TO_GLOO)
+    check_grouped(of(ranks, exchange))
+
+
+@pytest.fixture(scope="module")
+def mpi_options(tmp_path_factory):
+    from conftest import horovodrun
+
+    return horovodrun("torch_scenarios.py", 2, "mpi", tmp_path_factory.mktemp("mpi_options"), "options", timeout=480)
+
+
+def test_the_mpi_controller_runs_the_options_left_to_gloo(mpi_options, exchange):
+    """One 2-rank job under Horovod's MPI controller ("options" scenarios) runs what the MPI
+    setups above skip as duplicates of the gloo runs, against the same references: op Sum
+    against Horovod's dense Sum, exact=False, candidates=2 (prefilter=2), apply="all" and
+    prefilter=0 against the bytes handed to Horovod and across ranks, the warm-up against
+    dense Horovod, bf16/fp64 parameters, and grouped allreduce against the same run without."""
+    rs = of(mpi_options, exchange)
+    check_k_equal_d(rs, "sum")
+    for label in OPTIONS[1:]:
+        check_identical_update(rs, label)
+        check_stats(rs, exchange, label)
+    check_warmup(rs)
+    for dtype in ("bf16", "fp64"):
+        check_state_keys_and_dtype(rs, dtype)
+    check_grouped(rs)
 
 
 def test_mpi_merge_matches_horovod_merge_or_refuses_gloo_clearly(ranks, exchange):

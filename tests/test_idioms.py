@@ -28,6 +28,7 @@ def job(request, tmp_path_factory):
     return launcher, torchrun("idioms.py", size, out, "ddp", exchange, timeout=300)
 
 
+@pytest.mark.slow
 def test_rank0_alone_loads_and_the_run_resumes_bitwise(job):
     _, ranks = job
     straight = {r["straight"] for r in ranks}
@@ -41,6 +42,7 @@ def test_rank0_alone_loads_and_the_run_resumes_bitwise(job):
     assert len({r["not_loaded"] for r in ranks}) == 1  # (all ranks alike all the same)
 
 
+@pytest.mark.slow
 def test_rank0_alone_rolls_back_mid_run_bitwise(job):
     launcher, ranks = job
     if launcher != "horovod":
@@ -49,6 +51,7 @@ def test_rank0_alone_rolls_back_mid_run_bitwise(job):
         assert r["rank0_rollback"] == r["straight"]
 
 
+@pytest.mark.slow
 def test_a_state_of_other_options_or_keys_raises_at_once_on_rank0(job):
     launcher, ranks = job
     if launcher == "tf":
@@ -62,6 +65,7 @@ def test_a_state_of_other_options_or_keys_raises_at_once_on_rank0(job):
         assert ranks[0]["keys"][:3] == ["#00000", "#00001", "#00002"]  # no model: keyed by order
 
 
+@pytest.mark.slow
 def test_rank0_alone_saving_raises_within_the_timeout_then_every_rank_raises(job):
     launcher, ranks = job
     owner = "GsState" if launcher == "ddp" else "GsSketch"
@@ -86,6 +90,7 @@ def test_default_checkpoint_timeout_is_documented():
     assert "checkpoint_timeout" in guide and "60 s" in guide
 
 
+@pytest.mark.slow
 def test_a_rank_killed_mid_step_under_torchrun_ends_the_job_with_an_error(tmp_path):
     """torchrun's agent checks its workers every 0.1 s (--monitor-interval) and stops the others
     (SIGTERM) once one dies; without the agent, gloo raises "Connection closed by peer" in

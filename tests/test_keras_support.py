@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import horovodrun
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 REF_ERROR = "AttributeError: 'Variable' object has no attribute 'ref'"
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, WORKERS, mpirun_command
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 
 def mpirun(np_: int, out_dir: Path) -> list[dict]:
     cmd = [*mpirun_command(np_), sys.executable, str(WORKERS / "mpi_merge.py"), str(out_dir)]

@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import ROOT, WORKERS, horovodrun
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 EXCHANGES = ("sketch", "allgather", "sparse")
 
 

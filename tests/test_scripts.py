@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 import pytest
 from conftest import ROOT, horovodrun_command, mpirun_command, rank_env, torchrun_command
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 SCRIPTS = ROOT / "scripts"
 
 

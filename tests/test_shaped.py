@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here launches processes
+
 SHAPED = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "shaped.sh"
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 

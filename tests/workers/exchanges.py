@@ -1,24 +1,26 @@
-"""Runs on real ranks: the engine's exchanges on one transport, against a NumPy reference.
+"""The engine's exchanges on one transport, against a NumPy reference: on real ranks,
 
     horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py OUT_DIR horovod
     horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi
     torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
 
-Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's) carry one
-:class:`gs_horovod.engine.state.EngineState` per exchange over synthetic gradients with known heavy
-coordinates; every rank gathers every rank's gradients and recomputes the step in NumPy, and
-counts the bytes its collectives really received. The pytest side (tests/test_exchanges.py)
-asserts on the JSON each rank writes.
+or on simulated ranks in the test's own process (:func:`scenarios` with a SimulatedComm).
+
+Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's, the
+simulated ones) carry one :class:`gs_horovod.engine.state.EngineState` per exchange over
+synthetic gradients with known heavy coordinates; every rank gathers every rank's gradients
+and recomputes the step in NumPy, and counts the bytes its collectives really received. The
+pytest side (tests/test_exchanges.py) asserts on the JSON each rank writes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from typing import Any, Callable
 
 import numpy as np
 import torch
-from rank_result import write_result
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
 from gs_horovod.kernels.pair_format import rounded
@@ -173,13 +175,20 @@ def state(make: Callable[[], Any], **options: Any) -> tuple[EngineState, Countin
     return EngineState(GsSgd(config, TorchOps(), comm), CommStats()), comm
 
 
+def digest(*tensors: torch.Tensor) -> str:
+    """The tensors' bits, hashed (equal digests: bitwise equal)."""
+    return hashlib.sha256(b"".join(t.numpy().tobytes() for t in tensors)).hexdigest()[:16]
+
+
 def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     out = st.step({n: g.clone() for n, g in grads.items()})
     return torch.cat([out[n] for n in st.plan.all_names])
 
 
-def main(out_dir: str, kind: str) -> None:
-    make, gather, rank, P = transport(kind)
+def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int, P: int
+              ) -> dict[str, Any]:
+    """Every scenario on rank ``rank`` of ``P``: ``make`` gives fresh collectives, ``gather``
+    every rank's equal-length tensor as (P, n); returns this rank's result."""
     result: dict[str, Any] = {"ranks": P}
     layout_names = sorted(n for n, d in SIZES.items() if d >= 1024) + ["c.bias"]
     for case in ("random", "ties", "one_region", "zero_rank"):
@@ -216,8 +225,9 @@ def main(out_dir: str, kind: str) -> None:
     # several steps: the sparse exchange's update and residuals equal the allgather's top k (the
     # same selection, the same sums); the sketch runs on the same transport; the residuals keep
     # what was not applied: Σ_r e_r + P·ΣΔ = Σ_r Σ_t g_r,t
-    runs = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {}))[0] for e in EXCHANGES}
-    runs.update({f"{w}_{e}": state(make, exchange=e, wire=w)[0] for e in ("sparse", "allgather") for w in COMPACT})
+    counted = {e: state(make, exchange=e, **({"apply": "topk"} if e == "allgather" else {})) for e in EXCHANGES}
+    counted.update({f"{w}_{e}": state(make, exchange=e, wire=w) for e in ("sparse", "allgather") for w in COMPACT})
+    runs = {e: st for e, (st, _) in counted.items()}
     applied = {e: torch.zeros(sum(SIZES.values())) for e in runs}
     total = torch.zeros(sum(SIZES.values()))
     for t in range(4):
@@ -234,22 +244,27 @@ def main(out_dir: str, kind: str) -> None:
         result[f"{e}_conservation_max_abs"] = float((kept - gather(total[:D]).sum(0)).abs().max())
         result[f"{e}_digest"] = float(applied[e].double().sum())
         result[f"{e}_exchange"] = st.plan.exchange
+        result[f"{e}_steps_counted"] = counted[e][1].sent
+        result[f"{e}_steps_stats"] = vars(st.stats)
 
     # resume: a new state restored from the first one's per-tensor state after 2 steps continues
-    # bitwise as the uninterrupted run (the region edges are not saved: they move no bit)
-    whole, _ = state(make, exchange="sparse")
-    first, _ = state(make, exchange="sparse")
-    outs_whole, outs_resumed = [], []
-    for t in range(4):
-        grads = gradients("one_region" if t % 2 else "random", rank, P, 20 + t)
-        outs_whole.append(step_of(whole, grads))
-        if t == 2:
-            resumed, _ = state(make, exchange="sparse")
-            resumed.restore(first.tensors())
-            first = resumed
-        outs_resumed.append(step_of(first, grads))
-    result["resume_bitwise"] = all(torch.equal(a, b) for a, b in zip(outs_whole, outs_resumed)) and \
-        torch.equal(whole.residual, first.residual)
+    # bitwise as the uninterrupted run (the region edges are not saved: they move no bit), also
+    # 2 steps into a 3-step warm-up; the control, a fresh state from step 2, does not
+    for label, options in (("resume", {}), ("warmup_resume", {"warmup_steps": 3})):
+        whole, _ = state(make, exchange="sparse", **options)
+        first, _ = state(make, exchange="sparse", **options)
+        fresh = None
+        digests: dict[str, list[str]] = {"straight": [], "resumed": [], "not_restored": []}
+        for t in range(4):
+            grads = gradients("one_region" if t % 2 else "random", rank, P, 20 + t)
+            if t == 2:
+                resumed, _ = state(make, exchange="sparse", **options)
+                resumed.restore(first.tensors())
+                first, fresh = resumed, state(make, exchange="sparse", **options)[0]
+            for key, st in (("straight", whole), ("resumed", first), ("not_restored", fresh)):
+                if st is not None:
+                    digests[key].append(digest(step_of(st, grads), st.residual))
+        result[f"{label}_digests"] = digests
 
     # NaN on one rank: every rank raises naming the tensor, and nothing is committed (both wires)
     for prefix, wire in [("", "fp32")] + [(f"{w}_", w) for w in COMPACT]:
@@ -273,7 +288,14 @@ def main(out_dir: str, kind: str) -> None:
         result["options_error"] = ""
     except ValueError as error:
         result["options_error"] = str(error)
-    write_result(out_dir, rank, result)
+    return result
+
+
+def main(out_dir: str, kind: str) -> None:
+    from rank_result import write_result
+
+    make, gather, rank, P = transport(kind)
+    write_result(out_dir, rank, scenarios(make, gather, rank, P))
     if kind == "ddp":
         import torch.distributed as dist
 
