@@ -19,7 +19,7 @@ import math
 from typing import Any, Callable, Optional
 
 from gs_horovod.engine import CommStats, GsConfig, Plan, collectives_of
-from gs_horovod.transports.wire import Collective, Traffic, total_wire_bytes
+from gs_horovod.transports.collective_cost import Collective, Traffic, total_wire_bytes
 
 from .baselines import GTopK, PowerSGD, Reducer, ReducerOptimizer, SketchedSGD, TopKAllgather
 from .powersgd_hook import register_powersgd_hook

@@ -12,9 +12,9 @@ from .array_ops import Array, ArrayOps
 from .checkpoint import DEFAULT_TIMEOUT, CheckpointApi, check_timeout
 from .engine.config import GsConfig
 from .engine.plan import Plan
+from .transports.collective_cost import Collective
 from .transports.horovod import HorovodCollectives
 from .transports.mpi import MergeStats, MpiCollectives
-from .transports.wire import Collective
 
 
 class DefaultInstance:
@@ -78,7 +78,7 @@ class DefaultInstanceProperty:
 
 
 def allreduce_kind(merge: str) -> str:
-    """The :mod:`gs_horovod.transports.wire` kind GsSketch's allreduces run as under ``merge``: Horovod's
+    """The :mod:`gs_horovod.transports.collective_cost` kind GsSketch's allreduces run as under ``merge``: Horovod's
     ring ("allreduce") or the MPI tree ("tree")."""
     check_merge(merge, None)
     return (MpiCollectives if merge == "mpi" else HorovodCollectives).allreduce_kind
@@ -147,7 +147,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:
-        """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.transports.wire`) for the
+        """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.transports.collective_cost`) for the
         gradients of ``tensors`` (parameters or variables) on ``ranks`` ranks (default: Horovod's
         size) once warm-up is over: the sketch merge or the allgather and the exact round for the
         compressed ones, an allreduce of the others as they are. Under ``ratio="auto"``: at the

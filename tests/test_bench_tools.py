@@ -26,7 +26,7 @@ import bench_wire  # noqa: E402
 import cost_model  # noqa: E402
 
 from gs_bench import runs, variants  # noqa: E402
-from gs_horovod.transports.wire import KINDS  # noqa: E402
+from gs_horovod.transports.collective_cost import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
             "seq", "hidden", "params", "warmup", "steps", "seconds", "steps_per_s", "bytes_per_step",

@@ -15,8 +15,8 @@ from conftest import horovodrun, torchrun
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
 from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
-from gs_horovod.transports.wire import total_wire_bytes
 
 D = 200_000
 

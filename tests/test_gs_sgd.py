@@ -13,8 +13,8 @@ from gs_horovod.engine import GsConfig, GsSgd, Payload, Plan
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.torch import GsSketch
+from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
-from gs_horovod.transports.wire import total_wire_bytes
 
 NAMES = ["a.weight", "b.weight"]
 

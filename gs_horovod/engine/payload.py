@@ -22,7 +22,7 @@ class Payload(NamedTuple):
 
 
 def collectives_of(payload: Payload, merge: str = "allreduce") -> list[tuple[str, float]]:
-    """A step's (kind, payload bytes) collectives (:mod:`gs_horovod.transports.wire`) in issue
+    """A step's (kind, payload bytes) collectives (:mod:`gs_horovod.transports.collective_cost`) in issue
     order, the empty ones left out: the sketch merge, the threshold rounds and the exact round
     (with the small tensors) as ``merge`` ("allreduce", or "tree" under merge="mpi"), the
     allgather as "allgather", the alltoall as "alltoall"."""

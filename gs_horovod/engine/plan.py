@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from ..transports.wire import total_wire_bytes
+from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig, check_choice
 from .density import DENSE
 from .exchanges import EXCHANGES
@@ -58,7 +58,7 @@ class Plan:
     exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
     exchange: the name of the exchange (:data:`EXCHANGES`) the config chose for ``ranks`` (P)
     ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
-    :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.wire` kind the
+    :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.collective_cost` kind the
     transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
     merge="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
     ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise.

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
-from ..transports.wire import total_wire_bytes
+from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig
 from .density import Density
 from .payload import Payload

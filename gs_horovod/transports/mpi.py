@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
+from .collective_cost import Traffic
 from .horovod import HorovodCollectives
 from .protocol import count, half_prescaled
-from .wire import Traffic
 
 if TYPE_CHECKING:
     from mpi4py import MPI

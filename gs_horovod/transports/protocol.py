@@ -21,14 +21,14 @@ from typing import Any, Optional, Protocol
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
-from .wire import Traffic
+from .collective_cost import Traffic
 
 
 class Collectives(Protocol):
     """Collectives over ``size`` ranks (P) seen from ``rank``; every result is bitwise the same
     on every rank (``gather``: on rank 0). ``averages``: whether :meth:`allreduce` returns the
     mean (Horovod's op Average) or the sum (op Sum). ``allreduce_kind``: the
-    :mod:`gs_horovod.transports.wire` kind its allreduces run as ("allreduce": a ring; "tree": recursive
+    :mod:`gs_horovod.transports.collective_cost` kind its allreduces run as ("allreduce": a ring; "tree": recursive
     doubling), which prices them in ``exchange="auto"``."""
 
     rank: int

@@ -8,7 +8,7 @@ ranks.
 
 Counted: each variant's collectives of one step from the gradient's shape alone
 (``cost_model.planned``: the baselines' ``Reducer.planned``, gs-SGD's ``Plan.payload_bytes``,
-Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.transports.wire`. Measured: one step of
+Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.transports.collective_cost`. Measured: one step of
 each variant on this rank, its meter's bytes (``gs_bench.methods.distributed_optimizer``).
 "payload" is what a rank hands to collectives (its own contribution); "wire" is what goes
 through the busiest rank (sent + received) under each collective's algorithm: ring allreduce
@@ -22,7 +22,7 @@ import argparse
 import json
 
 from gs_bench.variants import gs_config, parse_variant, planned, reducer, takes_ratio, variant_label
-from gs_horovod.transports.wire import total_wire_bytes
+from gs_horovod.transports.collective_cost import total_wire_bytes
 
 VARIANTS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
 MEASURED = tuple(v for v in VARIANTS if v != "gs:merge=mpi")  # merge=mpi needs Horovod's MPI controller
