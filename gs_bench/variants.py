@@ -2,7 +2,7 @@
 gradient shapes alone.
 
 A variant is a word ``METHOD[:NAME=VALUE,...]`` with the baseline's constructor options or
-GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``, ``gs:merge=mpi``), as
+GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``, ``gs:transport=mpi``), as
 ``scripts/bench/bench_throughput.sh`` takes it. :func:`planned` gives the (kind, payload bytes)
 collectives one step issues, as each method's own code counts them; :mod:`gs_horovod.transports.collective_cost`
 turns them into wire bytes and rounds.
@@ -68,7 +68,7 @@ def reducer(name: str, options: dict[str, Any], ratio: Optional[float]) -> Reduc
 
 
 def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
-    """(GsConfig, merge) of GsSketch with these options."""
+    """(GsConfig, transport) of GsSketch with these options."""
     return Gs.config(options, ratio)
 
 

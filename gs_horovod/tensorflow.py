@@ -16,7 +16,7 @@ optimizer): ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's; ``st
 ``load_state_dict()`` gather every rank's on rank 0 and hand it back: each traced step starts
 with a 4-byte allreduce of the ranks' step flags and, only when one is set (a state loaded on
 rank 0, or a rank out of step), runs the restore eagerly in a ``tf.py_function`` before any
-state is read. ``merge="mpi"`` merges through ``tf.numpy_function``.
+state is read. ``transport="mpi"`` runs its collectives through ``tf.numpy_function``.
 
 Why not the torch adapters' :class:`~gs_horovod.engine.state.EngineState`: it swaps in the
 step's new residual buffer after each step, but a traced step must assign to the variables
@@ -142,9 +142,9 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
 
     _hvd = hvd
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
+    def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
-        super().__init__(merge, comm, **options)
+        super().__init__(transport, comm, **options)
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, _StepState] = {}  # by a digest of the optimizer's variable paths
         self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict

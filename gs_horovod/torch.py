@@ -82,7 +82,7 @@ class _Ctx:
 
 class GsSketch(GsSketchBase, Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options:
-    :class:`~gs_horovod.engine.config.GsConfig`; ``merge`` and ``comm``:
+    :class:`~gs_horovod.engine.config.GsConfig`; ``transport`` and ``comm``:
     :class:`~gs_horovod.compressor.GsSketchBase`). Float gradients of at least
     ``min_size`` elements go through the engine (in float32, whatever their dtype); others are
     allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
@@ -90,8 +90,8 @@ class GsSketch(GsSketchBase, Compressor):
     _hvd = hvd
     stats = DefaultInstanceAttribute()
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
-        super().__init__(merge, comm, **options)
+    def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
+        super().__init__(transport, comm, **options)
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
         self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, _Params]] = weakref.WeakKeyDictionary()

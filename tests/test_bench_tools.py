@@ -192,8 +192,8 @@ def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
     shape, ratio = (20, 5000), 0.001
     counted = bench_wire.counted(shape, ratio, ranks)
     runnable = [v for v in bench_wire.VARIANTS if METHODS[variants.parse_variant(v)[0]].simulated_too
-                and "merge" not in variants.parse_variant(v)[1]]
-    assert len(runnable) == len(bench_wire.VARIANTS) - 2  # fp16 is Horovod's, merge=mpi needs MPI
+                and "transport" not in variants.parse_variant(v)[1]]
+    assert len(runnable) == len(bench_wire.VARIANTS) - 2  # fp16 is Horovod's, transport=mpi needs MPI
     for v in runnable:
         method, options = variants.parse_variant(v)
 

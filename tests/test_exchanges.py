@@ -1,4 +1,4 @@
-"""The engine's exchanges on every real transport (Horovod over gloo, ``merge="mpi"`` over
+"""The engine's exchanges on every real transport (Horovod over gloo, ``transport="mpi"`` over
 mpi4py, torch.distributed under torchrun) at 2, 3 and 4 ranks, against a NumPy recomputation
 of the step from every rank's gradients (tests/workers/exchanges.py)."""
 

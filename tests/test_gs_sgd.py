@@ -291,7 +291,7 @@ def test_auto_with_the_compact_wire_prices_the_encoded_bytes():
 
 @pytest.mark.parametrize("P", [5, 6, 7])
 def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
-    """merge="mpi" runs allreduces as a recursive-doubling tree (2⌈log2 P⌉·n through a rank),
+    """transport="mpi" runs allreduces as a recursive-doubling tree (2⌈log2 P⌉·n through a rank),
     Horovod as a ring (4(P−1)/P·n): "auto" prices the sparse exchange's histograms and the small
     tensors on the transport's own. D = 1,280,000 + a 1,000-element tensor sent exactly, k = 1,280."""
     k, small = 1280, 4 * 1000
@@ -314,8 +314,8 @@ def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
         assert plan.exchange == expected[kind]
         assert {c for c, _ in plan.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
     tensors = [torch.zeros(1_280_000), torch.zeros(1000)]
-    for merge, kind in (("horovod", "allreduce"), ("mpi", "tree")):
-        step = GsSketch(merge=merge, ratio=0.001, wire="fp32").collectives_per_step(tensors, ranks=P)
+    for transport, kind in (("horovod", "allreduce"), ("mpi", "tree")):
+        step = GsSketch(transport=transport, ratio=0.001, wire="fp32").collectives_per_step(tensors, ranks=P)
         assert {c for c, _ in step} == {kind, "allgather"} | ({"alltoall"} if expected[kind] == "sparse" else set())
     with pytest.raises(ValueError, match="allreduce_kind"):
         Plan.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")

@@ -14,7 +14,7 @@ from .exchanges import EXCHANGES
 from .exchanges.base import MAX_PAIR_COORDINATES
 from .payload import Payload, collectives_of
 
-ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (merge="mpi")
+ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (transport="mpi")
 # "auto" takes the allgather while its wire bytes are at most this many times the sparse
 # exchange's. What it rests on (docs/design.md, "`auto`'s rule, measured"; docs/recovery_rule.jsonl:
 # the 1.28M digits MLP and the MNIST CNN, k = D/1000, P = 2-16, 3 seeds of 20 steps each): the rule
@@ -60,7 +60,7 @@ class Plan:
     ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
     :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.collective_cost` kind the
     transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
-    merge="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
+    transport="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
     ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise.
     """
 

@@ -4,7 +4,7 @@
     horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi
     torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
 
-Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's) carry one
+Each transport's collectives (Horovod's, ``transport="mpi"``'s, torch.distributed's) carry one
 :class:`gs_horovod.engine.state.EngineState` per exchange over synthetic gradients with known heavy
 coordinates; every rank gathers every rank's gradients and recomputes the step in NumPy, and
 counts the bytes its collectives really received. The pytest side (tests/test_exchanges.py)
@@ -86,7 +86,7 @@ def transport(kind: str) -> tuple[Callable[[], Any], Callable[[torch.Tensor], to
     from gs_horovod.torch import GsSketch
 
     hvd.init()
-    compressor = GsSketch(merge="mpi" if kind == "mpi" else "horovod")
+    compressor = GsSketch(transport="mpi" if kind == "mpi" else "horovod")
     return (lambda: compressor._collectives(hvd.Average, hvd.global_process_set),
             lambda x: hvd.allgather(x[None], name=f"test.gather.{x.numel()}"), hvd.rank(), hvd.size())
 
