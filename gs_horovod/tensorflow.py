@@ -311,11 +311,11 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                          lambda: tf.constant(True))
         with tf.control_dependencies([agreed]):  # a restore (eager, inside py_function) precedes every read
             warm = step.steps < cfg.warmup_steps  # read before the step assigns it
-            engine = GsSgd(cfg, ops, comm)
+            sgd = GsSgd(cfg, ops, comm)
             flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
             residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
             momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-            result = engine.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
+            result = sgd.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
                                  tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)

@@ -132,7 +132,7 @@ class GsSketch(GsSketchBase, Compressor):
         if ctx is None:
             return tensor
         if ctx.state.updates is None:  # the step's first decompress: its flags arrived (CheckpointApi.agree)
-            comm = ctx.state.engine.comm
+            comm = ctx.state.sgd.comm
             self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))
         return ctx.state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
 
@@ -216,8 +216,8 @@ class GsSketch(GsSketchBase, Compressor):
         if optimizer not in self._states:
             params = _Params(optimizer)
             op = getattr(optimizer, "op", hvd.Adasum)  # Horovod's Adasum optimizer keeps no op
-            engine = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
-            state = EngineState(engine, self.stats, {name: p.numel() for name, p in params.items})
+            sgd = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
+            state = EngineState(sgd, self.stats, {name: p.numel() for name, p in params.items})
             self._states[optimizer] = (state, params)
             self._restore(state, params)
         state, params = self._states[optimizer]

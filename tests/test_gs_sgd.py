@@ -39,8 +39,8 @@ class Rank:
         return [] if self.momentum is None else list(torch.split(self.momentum, self.sizes))
 
     def step(self, comm, grads: list[torch.Tensor]):
-        engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
-        result = engine.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
+        sgd = GsSgd(self.config, TorchOps(self.config.backend), comm)
+        result = sgd.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
         # kept whether applied or not, as TF's variables keep it: a skipped step must hand back the prior state
         self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         return list(torch.split(result.update, self.plan.all_sizes))
@@ -105,8 +105,8 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
     plan = Plan.build(["w"], [4000], cfg, ("b", "empty"), (10, 0), ranks=2)
 
     def rank(r, comm):
-        engine = GsSgd(cfg, TorchOps("torch"), comm)
-        update = engine.step(plan, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
+        sgd = GsSgd(cfg, TorchOps("torch"), comm)
+        update = sgd.step(plan, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
         return list(torch.split(update, plan.all_sizes))
 
     updates = SimulatedRanks(2).run(rank)
