@@ -60,7 +60,7 @@ class Exchange:
         :attr:`Nominated.gathered`), or None for the planned bytes."""
         raise NotImplementedError
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Each group's candidates from a (D,) f32 and ``fed``, each group's pre-filtered
         indices (L·k,) int64 in the step's vector (empty: no pre-filter, every coordinate)."""
         raise NotImplementedError
@@ -70,9 +70,9 @@ MAX_PAIR_COORDINATES = 2**31
 """Exchanges that send pairs with ``wire="fp32"`` carry int32 indices: a step's vector must be shorter."""
 
 
-def union_sum(engine: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+def union_sum(sgd: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
     """(union (u,) int64 ascending, s (u,) f32): the coordinates of every rank's pairs (rank
     r's ``counts[r]`` pairs, in rank order, each rank's indices distinct) and their sums added
     in rank order, divided by P when the transport's ``allreduce`` averages (as it would)."""
-    union, sums = engine.ops.union_sum(idx, vals, counts)
-    return union, sums / engine.comm.size if engine.comm.averages else sums
+    union, sums = sgd.ops.union_sum(idx, vals, counts)
+    return union, sums / sgd.comm.size if sgd.comm.averages else sums

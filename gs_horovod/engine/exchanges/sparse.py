@@ -83,18 +83,18 @@ class Sparse(Exchange):
         """The compact wire's low bits for the allgather: each owner's share of the m·k selected."""
         return low_bits(math.ceil(sum(g.candidates for g in plan.groups) / plan.ranks), plan.total)
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
         they are; routed / gathered: the bytes of this rank's alltoall and allgather. With
         ``wire="fp32"`` or ``"compact"`` nothing here depends on which rank owns what: the sums
         are the allgather exchange's, bit for bit (with the compact wire: of the same rounded
         values); with ``"compact8"`` an owner's sums are rounded at the scale of its largest, so
         their rounding depends on the owners' hash."""
-        ops, comm, wire = engine.ops, engine.comm, engine.config.wire
+        ops, comm, wire = sgd.ops, sgd.comm, sgd.config.wire
         compact = wire != "fp32"
         mine = ops.concat(fed)
         own = ops.wire_rounded(ops.take(a, mine), wire) if compact else ops.take(a, mine)  # one scale for all
-        owner = ops.owner_of(mine, comm.size, engine.keys)
+        owner = ops.owner_of(mine, comm.size, sgd.keys)
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
         if compact:
@@ -108,7 +108,7 @@ class Sparse(Exchange):
                                           "gs_horovod.sparse")  # two floats a pair
             (idx, vals), counts = ops.unpairs(received), got // 2
             routed_bytes = 8 * ops.size_of(mine)
-        union, exact_sums = union_sum(engine, idx, vals, counts)
+        union, exact_sums = union_sum(sgd, idx, vals, counts)
         sums = ops.wire_rounded(exact_sums, wire) if compact else exact_sums  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.candidates for g in plan.groups], np.int32), union)
