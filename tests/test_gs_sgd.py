@@ -381,14 +381,14 @@ def test_sizes_and_bytes_follow_the_options():
                    wire="fp32")
     plan = Plan.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
     (grp,) = plan.groups
-    assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
+    assert (grp.k, grp.cols, grp.fed, grp.nominated) == (1000, 2000, 1000, 2000)
     assert plan.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
     assert plan.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
     # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
     # (candidates above the pre-filter are an error there)
     one = replace(cfg, candidates=1, exact=True)
     gathered = Plan.build(NAMES, [60_000, 40_000], replace(one, exchange="allgather"), ("c.bias",), (10,), ranks=2)
-    assert gathered.groups[0].candidates == 1000
+    assert gathered.groups[0].nominated == 1000
     assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
     # the sparse exchange: the pairs by alltoall, two rounds of 256 counts (each below 4 · 1000 <
     # 2^12: five 12-bit counts to an 8-byte word, 52 words a round), an even share of the

@@ -29,15 +29,15 @@ UNION_WORTH = 2.0
 class Group:
     """A run of coordinates [start, start + size) of the step's vector, selected together:
     ``k`` applied, ``cols`` sketch columns, ``fed`` coordinates each rank feeds the exchange
-    (L·k, or size without pre-filter), ``candidates`` the exchange nominates (m·k; at most L·k
-    under the exchanges that send pairs)."""
+    (L·k, or size without pre-filter), ``nominated`` coordinates the exchange nominates (m·k,
+    m the option ``candidates``; at most L·k under the exchanges that send pairs)."""
 
     start: int
     size: int
     k: int
     cols: int
     fed: int
-    candidates: int
+    nominated: int
 
 
 def starts_of(sizes: tuple[int, ...]) -> list[int]:
@@ -119,7 +119,7 @@ class Plan:
                 if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
                     raise ValueError(f"exchange={exchange!r} with wire='fp32' sends int32 indices: {total} "
                                      "coordinates is too many (wire='compact' and 'compact8' have no limit)")
-                chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
+                chosen = [replace(g, nominated=min(g.nominated, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
                        allreduce_kind, level)
@@ -174,7 +174,7 @@ class Plan:
         if dense or not self.groups:
             itemsize = 2 if self.level == DENSE else 4
             return Payload(dense=(self.total + sum(self.dense_sizes)) * itemsize)
-        exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
+        exact = sum(g.nominated for g in self.groups) * 4 if self.exact else 0
         own = EXCHANGES[self.exchange].payload(self, config, measured)
         return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)
 

@@ -14,7 +14,7 @@ import numpy as np
 from ...array_ops import Array
 from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
-from .base import Candidates, Exchange, Nominated, union_sum
+from .base import Exchange, Nominated, Nominees, union_sum
 
 if TYPE_CHECKING:
     from ..config import GsConfig
@@ -59,8 +59,8 @@ class Allgather(Exchange):
         for grp, (first, size) in zip(plan.groups, ops.spans(union, [g.start for g in plan.groups])):
             g_union, g_sums = ops.slice(union, first, size), ops.slice(sums, first, size)
             if not whole:
-                best = ops.top_abs(g_sums, grp.candidates)
+                best = ops.top_abs(g_sums, grp.nominated)
                 g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
-            groups.append(Candidates(g_union, g_sums))
+            groups.append(Nominees(g_union, g_sums))
         sent = None if own is None else ops.take_sorted(mine, own, ops.concat([c.idx for c in groups]))
         return Nominated(groups, ops.all_finite(vals), sent, ops.count_of(0), ops.count_of(0))

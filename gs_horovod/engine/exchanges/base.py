@@ -14,23 +14,24 @@ if TYPE_CHECKING:
     from ..step import GsSgd
 
 
-class Candidates(NamedTuple):
-    """One group's nominated coordinates: ``idx`` (m·k,) int64 ascending (in the step's vector),
-    ``est`` (m·k,) f32 their estimates (the merged sketch's, or exact partial sums)."""
+class Nominees(NamedTuple):
+    """One group's candidates, the coordinates its exchange nominated: ``idx`` (m·k,) int64
+    ascending (in the step's vector), ``est`` (m·k,) f32 their estimates (the merged sketch's,
+    or exact partial sums)."""
 
     idx: Array
     est: Array
 
 
 class Nominated(NamedTuple):
-    """What an exchange returns: ``groups``, one :class:`Candidates` per plan group; ``finite``,
+    """What an exchange returns: ``groups``, one :class:`Nominees` per plan group; ``finite``,
     a predicate, false when a merged payload held NaN/Inf (the same on every rank); ``sent``:
     what this rank gave to each candidate (m·k,) f32, the groups' candidates laid end to end,
     when it is not simply a at the candidates it fed (the compact wire rounds what it sends),
     else None; ``routed`` / ``gathered``: the bytes this rank handed to an alltoall / an
     allgather of data-dependent size, counted by the adapters (0 where the plan fixes them)."""
 
-    groups: list[Candidates]
+    groups: list[Nominees]
     finite: Any
     sent: Optional[Array]
     routed: Any

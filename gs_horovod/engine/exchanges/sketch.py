@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ...array_ops import Array
 from ..payload import Payload
-from .base import Candidates, Exchange, Nominated
+from .base import Exchange, Nominated, Nominees
 
 if TYPE_CHECKING:
     from ..config import GsConfig
@@ -44,6 +44,6 @@ class Sketch(Exchange):
         for grp in plan.groups:
             table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
             start += cfg.rows * grp.cols
-            idx, est = ops.heavy_hitters(table, sgd.keys, grp.size, grp.candidates)
-            groups.append(Candidates(idx + grp.start, est))
+            idx, est = ops.heavy_hitters(table, sgd.keys, grp.size, grp.nominated)
+            groups.append(Nominees(idx + grp.start, est))
         return Nominated(groups, ops.all_finite(merged), None, ops.count_of(0), ops.count_of(0))
