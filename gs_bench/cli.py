@@ -99,8 +99,8 @@ def gs_options(args: argparse.Namespace) -> dict[str, Any]:
     NAME=VALUE``."""
     options = {name: getattr(args, name) for name in ("ratio", "rows", "width", "exact", "warmup_steps")
                if getattr(args, name, None) is not None}
-    if getattr(args, "merge", "horovod") != "horovod":
-        options["merge"] = args.merge
+    if getattr(args, "transport", "horovod") != "horovod":
+        options["transport"] = args.transport
     return {**options, **_name_values(args.gs, "--gs")}
 
 

@@ -5,7 +5,8 @@ gradient shapes, and the :class:`Meter` of the bytes each rank sends. A method i
 once; :mod:`.cli`, :mod:`.variants` and the scripts look it up.
 
 - ``gs``: GsSketch (:mod:`gs_horovod.torch`, :mod:`gs_horovod.ddp`, :mod:`gs_horovod.tensorflow`);
-  options: :class:`~gs_horovod.engine.GsConfig`'s and ``merge``.
+  options: :class:`~gs_horovod.engine.GsConfig`'s and ``transport`` (``merge``, its former name,
+  read as it in the variants recorded before the rename).
 - ``none`` / ``fp16``: Horovod's ``Compression.none`` / ``fp16`` (DDP: no hook / torch's
   ``fp16_compress_hook``): one allreduce of every gradient at 4 / 2 bytes an element.
 - ``topk``, ``gtopk``, ``sketched``, ``powersgd``: the baselines of :mod:`gs_bench.baselines`
@@ -18,8 +19,9 @@ import inspect
 import math
 from typing import Any, Callable, Optional
 
+from gs_horovod.checkpoint import RENAMED
 from gs_horovod.engine import CommStats, GsConfig, Plan, collectives_of
-from gs_horovod.transports.wire import Collective, Traffic, total_wire_bytes
+from gs_horovod.transports.collective_cost import Collective, Traffic, total_wire_bytes
 
 from .baselines import GTopK, PowerSGD, Reducer, ReducerOptimizer, SketchedSGD, TopKAllgather
 from .powersgd_hook import register_powersgd_hook
@@ -123,18 +125,24 @@ def _shapes(named: list[tuple[str, Any]]) -> Shapes:
     return [tuple(p.shape) for _, p in sorted(named, key=lambda t: t[0])]
 
 
+def _current_names(options: dict[str, Any]) -> dict[str, Any]:
+    """GsSketch's ``options`` with former names (``gs:merge=mpi``, as variants were recorded before
+    the rename) under the current ones, so the harness reads old records without a warning."""
+    return {RENAMED.get(k, k): v for k, v in options.items()}
+
+
 class Gs(Method):
-    """GsSketch; ``merge="mpi"`` runs its allreduces as the MPI tree."""
+    """GsSketch; ``transport="mpi"`` runs its allreduces as the MPI tree."""
 
     name, label, option_flag = "gs", "gs-SGD", "--gs"
     under_ddp = under_tensorflow = True
 
     @staticmethod
     def config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
-        """(GsConfig, merge) of GsSketch with these options."""
-        rest = dict(options)
-        merge = rest.pop("merge", "horovod")
-        return GsConfig(**_ratio(ratio), **rest), merge
+        """(GsConfig, transport) of GsSketch with these options."""
+        rest = _current_names(options)
+        transport = rest.pop("transport", "horovod")
+        return GsConfig(**_ratio(ratio), **rest), transport
 
     def horovod(self, optimizer: Any, named: list[tuple[str, Any]], ratio: Optional[float],
                 options: dict[str, Any]) -> tuple[Any, Meter]:
@@ -143,24 +151,24 @@ class Gs(Method):
         from gs_horovod.compressor import allreduce_kind
         from gs_horovod.torch import GsSketch
 
-        gs = GsSketch(**_ratio(ratio), **options)
+        gs = GsSketch(**_ratio(ratio), **_current_names(options))
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
-        return opt, Meter.of_gs(gs.stats, hvd.size(), allreduce_kind(gs.merge))
+        return opt, Meter.of_gs(gs.stats, hvd.size(), allreduce_kind(gs.transport))
 
     def planned(self, options: dict[str, Any], shapes: Shapes, ranks: int,
                 ratio: Optional[float] = None) -> list[Collective]:
         from gs_horovod.compressor import allreduce_kind
 
-        config, merge = self.config(options, ratio)
+        config, transport = self.config(options, ratio)
         plan = Plan.split([(f"t{i:06d}", math.prod(s)) for i, s in enumerate(shapes)], config, ranks=ranks,
-                          allreduce_kind=allreduce_kind(merge))
+                          allreduce_kind=allreduce_kind(transport))
         return plan.collectives(config)
 
     def simulated(self, comm: Any, ratio: Optional[float], options: dict[str, Any]) -> Any:
         from .engine_reducer import EngineReducer
 
-        if "merge" in options:
-            raise ValueError("simulated ranks merge in process: GsSketch's merge option does not apply")
+        if "transport" in _current_names(options):
+            raise ValueError("simulated ranks exchange in process: GsSketch's transport option does not apply")
         return EngineReducer(comm, **_ratio(ratio), **options)
 
     def ddp(self, ddp_model: Any, module: Any, ratio: Optional[float], options: dict[str, Any]) -> Meter:
@@ -175,7 +183,7 @@ class Gs(Method):
     def tensorflow(self, ratio: Optional[float], options: dict[str, Any]) -> Any:
         from gs_horovod.tensorflow import GsSketch
 
-        return GsSketch(**_ratio(ratio), **options)
+        return GsSketch(**_ratio(ratio), **_current_names(options))
 
 
 class Dense(Method):

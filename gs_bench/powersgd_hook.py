@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gs_horovod.transports.wire import Collective, Traffic
+from gs_horovod.transports.collective_cost import Collective, Traffic
 
 
 def register_powersgd_hook(ddp_model: Any, **options: Any) -> Traffic:

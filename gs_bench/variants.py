@@ -2,9 +2,9 @@
 gradient shapes alone.
 
 A variant is a word ``METHOD[:NAME=VALUE,...]`` with the baseline's constructor options or
-GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``, ``gs:merge=mpi``), as
+GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``, ``gs:transport=mpi``), as
 ``scripts/bench/bench_throughput.sh`` takes it. :func:`planned` gives the (kind, payload bytes)
-collectives one step issues, as each method's own code counts them; :mod:`gs_horovod.transports.wire`
+collectives one step issues, as each method's own code counts them; :mod:`gs_horovod.transports.collective_cost`
 turns them into wire bytes and rounds.
 """
 
@@ -14,7 +14,7 @@ import ast
 from typing import Any, Optional
 
 from gs_horovod.engine import GsConfig
-from gs_horovod.transports.wire import Collective
+from gs_horovod.transports.collective_cost import Collective
 
 from .baselines import Reducer
 from .methods import METHODS, Baseline, Gs, method
@@ -68,7 +68,7 @@ def reducer(name: str, options: dict[str, Any], ratio: Optional[float]) -> Reduc
 
 
 def gs_config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
-    """(GsConfig, merge) of GsSketch with these options."""
+    """(GsConfig, transport) of GsSketch with these options."""
     return Gs.config(options, ratio)
 
 

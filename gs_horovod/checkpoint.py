@@ -72,6 +72,16 @@ STATE_NEUTRAL = ("wire",)
 not what a residual means): a checkpoint written before one existed loads under any value."""
 
 
+RENAMED = {"merge": "transport"}
+"""Options under their former names (old: new): the adapters still take the old name (with a
+DeprecationWarning), and a state saved before the rename carries it, read as the new one."""
+
+
+def saved_options(state: dict[str, Any]) -> dict[str, Any]:
+    """The options ``state`` was saved with, each under its current name (:data:`RENAMED`)."""
+    return {RENAMED.get(k, k): v for k, v in state["options"].items()}
+
+
 def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
     """Why ``state`` (one rank's, from ``local_state_dict``) cannot be loaded here, or ""."""
     if isinstance(state, dict) and state.get("format") == GATHERED:
@@ -79,8 +89,9 @@ def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
                 "load_state_dict() called on every rank")
     if not isinstance(state, dict) or not isinstance(state.get("options"), dict):
         return f"GsSketch: not a GsSketch state (got {type(state).__name__})"
-    older = {k: options[k] for k in STATE_NEUTRAL if k in options and k not in state["options"]}
-    diff = options_difference({**older, **state["options"]}, options)
+    saved = saved_options(state)
+    older = {k: options[k] for k in STATE_NEUTRAL if k in options and k not in saved}
+    diff = options_difference({**older, **saved}, options)
     if diff:
         return f"GsSketch state was saved with different options: {diff}"
     if state.get("world_size", size) != size:

@@ -1,20 +1,21 @@
 """The GsSketch compressor base, written once for ``horovod.torch`` and ``horovod.tensorflow``
 (parameterised by the ``hvd`` module and the framework's :class:`~gs_horovod.array_ops.ArrayOps`):
-options, ``__repr__``, the op checks, the choice of transport (``merge``), the checkpoint
+options, ``__repr__``, the op checks, the choice of transport (``transport``), the checkpoint
 API, and the class-as-compressor convention of Horovod."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict
 from typing import Any, Callable, Optional
 
 from .array_ops import Array, ArrayOps
-from .checkpoint import DEFAULT_TIMEOUT, CheckpointApi, check_timeout
+from .checkpoint import DEFAULT_TIMEOUT, RENAMED, CheckpointApi, check_timeout
 from .engine.config import GsConfig
 from .engine.plan import Plan
+from .transports.collective_cost import Collective
 from .transports.horovod import HorovodCollectives
 from .transports.mpi import MergeStats, MpiCollectives
-from .transports.wire import Collective
 
 
 class DefaultInstance:
@@ -42,15 +43,28 @@ class DefaultInstanceMethod:
         return self.fn.__get__(obj if obj is not None else cls.default(), cls)
 
 
-MERGES = ("horovod", "mpi")
+TRANSPORTS = ("horovod", "mpi")
 
 
-def check_merge(merge: str, comm: Any) -> None:
-    """The ``merge`` and ``comm`` options of both compressors."""
-    if merge not in MERGES:
-        raise ValueError(f"merge must be one of {MERGES}, got {merge!r}")
-    if comm is not None and merge != "mpi":
-        raise ValueError("comm is used by merge='mpi' only")
+def check_transport(transport: str, comm: Any) -> None:
+    """The ``transport`` and ``comm`` options of both compressors."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+    if comm is not None and transport != "mpi":
+        raise ValueError("comm is used by transport='mpi' only")
+
+
+def renamed_option(options: dict[str, Any], new: str, value: Any, owner: str, stacklevel: int) -> Any:
+    """``value`` of option ``new``, or the value given under its former name (:data:`RENAMED`;
+    taken out of ``options``, with a DeprecationWarning naming ``new``, ``stacklevel`` as
+    :func:`warnings.warn` counts it from here); a ValueError if both are given. None: neither was."""
+    old = next(o for o, n in RENAMED.items() if n == new)
+    if old not in options:
+        return value
+    if value is not None:
+        raise ValueError(f"{owner}: give {new}= only ({old}= is its former name)")
+    warnings.warn(f"{owner}({old}=...) is deprecated: use {new}=...", DeprecationWarning, stacklevel=stacklevel)
+    return options.pop(old)
 
 
 class DefaultInstanceAttribute:
@@ -77,11 +91,11 @@ class DefaultInstanceProperty:
         return self.fget(obj if obj is not None else cls.default())
 
 
-def allreduce_kind(merge: str) -> str:
-    """The :mod:`gs_horovod.transports.wire` kind GsSketch's allreduces run as under ``merge``: Horovod's
-    ring ("allreduce") or the MPI tree ("tree")."""
-    check_merge(merge, None)
-    return (MpiCollectives if merge == "mpi" else HorovodCollectives).allreduce_kind
+def allreduce_kind(transport: str) -> str:
+    """The :mod:`gs_horovod.transports.collective_cost` kind GsSketch's allreduces run as under
+    ``transport``: Horovod's ring ("allreduce") or the MPI tree ("tree")."""
+    check_transport(transport, None)
+    return (MpiCollectives if transport == "mpi" else HorovodCollectives).allreduce_kind
 
 
 class GsSketchBase(CheckpointApi, DefaultInstance):
@@ -89,10 +103,12 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     ``_make_ops()``, ``_tree_allreduce`` (a :data:`TreeAllreduce`), ``_describe(tensor)``,
     ``local_state_dict()`` and ``_load(state)``.
 
-    merge: ``"horovod"`` (default) merges with Horovod's allreduce; ``"mpi"`` runs the sketch
-    merge and the exact round as :func:`gs_horovod.transports.mpi.tree_allreduce` over ``comm`` (default:
-    MPI's world, which must be Horovod's); it needs Horovod's MPI controller with
-    MPI_THREAD_MULTIPLE, and ``merge_stats`` counts its traffic.
+    transport: the collectives every exchange runs on: ``"horovod"`` (default) Horovod's;
+    ``"mpi"`` runs the allreduces (the sketch merge, the exact round, the sparse exchange's
+    histograms) as :func:`gs_horovod.transports.mpi.tree_allreduce` and the alltoall and allgather
+    as MPI's over ``comm`` (default: MPI's world, which must be Horovod's); it needs Horovod's MPI
+    controller with MPI_THREAD_MULTIPLE, and ``merge_stats`` counts the tree allreduces' traffic.
+    ``merge`` is its former name: still taken, with a DeprecationWarning (both: ValueError).
 
     checkpoint_timeout: seconds ``state_dict()`` waits for every rank (default 60) before it
     raises on the ranks that called it (:class:`~gs_horovod.checkpoint.CheckpointApi`).
@@ -100,22 +116,31 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
     _hvd: Any
     config = DefaultInstanceAttribute()
-    merge = DefaultInstanceAttribute()
+    transport = DefaultInstanceAttribute()
     merge_stats = DefaultInstanceAttribute()
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, checkpoint_timeout: float = DEFAULT_TIMEOUT,
-                 **options: Any) -> None:
-        check_merge(merge, comm)
+    def __init__(self, transport: Optional[str] = None, comm: Any = None,
+                 checkpoint_timeout: float = DEFAULT_TIMEOUT, **options: Any) -> None:
+        transport = renamed_option(options, "transport", transport, type(self).__name__, stacklevel=4)
+        transport = "horovod" if transport is None else transport
+        check_transport(transport, comm)
         self.checkpoint_timeout = check_timeout(checkpoint_timeout)
-        self.config = GsConfig.from_options(options, extra=("merge", "comm", "checkpoint_timeout"))
-        self.merge = merge
+        self.config = GsConfig.from_options(options, extra=("transport", "comm", "checkpoint_timeout"))
+        self.transport = transport
         self.ops = self._make_ops()
         self.merge_stats = MergeStats()
         self._comm = comm
-        self._comms: Any = None  # gs_horovod.transports.mpi.Communicators, made at the first MPI merge
+        self._comms: Any = None  # gs_horovod.transports.mpi.Communicators, made at the first MPI collective
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(merge={self.merge!r}, {self.config})"
+        return f"{type(self).__name__}(transport={self.transport!r}, {self.config})"
+
+    @DefaultInstanceProperty
+    def merge(self) -> str:
+        """Deprecated: the former name of :attr:`transport`."""
+        warnings.warn(f"{type(self).__name__}.merge is deprecated: use .transport", DeprecationWarning,
+                      stacklevel=3)
+        return self.transport
 
     def _make_ops(self) -> ArrayOps:
         raise NotImplementedError
@@ -127,17 +152,17 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         raise NotImplementedError
 
     def _options(self) -> dict[str, Any]:
-        return {**asdict(self.config), "merge": self.merge}
+        return {**asdict(self.config), "transport": self.transport}
 
     def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
         """The collectives of one optimizer, after checking its op and process set."""
         hvd = self._hvd
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
-        if self.merge == "horovod":
+        if self.transport == "horovod":
             return HorovodCollectives(hvd, self.ops, op, process_set)
         if process_set is not None and process_set.process_set_id != 0:
-            raise ValueError("GsSketch(merge='mpi') merges over all ranks: use the global process set")
+            raise ValueError("GsSketch(transport='mpi') runs over all ranks: use the global process set")
         if self._comms is None:
             from .transports.mpi import Communicators, horovod_world
 
@@ -147,7 +172,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:
-        """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.transports.wire`) for the
+        """One step's (kind, payload bytes per rank) collectives (:mod:`gs_horovod.transports.collective_cost`) for the
         gradients of ``tensors`` (parameters or variables) on ``ranks`` ranks (default: Horovod's
         size) once warm-up is over: the sketch merge or the allgather and the exact round for the
         compressed ones, an allreduce of the others as they are. Under ``ratio="auto"``: at the
@@ -155,7 +180,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         ranks = self._hvd.size() if ranks is None else ranks
         described = [self._describe(t) for t in tensors]  # (name, elements, floating, itemsize)
         plan = Plan.split([(n, d) for n, d, floating, _ in described if floating], self.config, ranks=ranks,
-                          allreduce_kind=allreduce_kind(self.merge), level=self._planned_level())
+                          allreduce_kind=allreduce_kind(self.transport), level=self._planned_level())
         others = sum(d * itemsize for _, d, floating, itemsize in described if not floating)
         return plan.collectives(self.config) + ([("allreduce", float(others))] if others else [])
 

@@ -16,7 +16,7 @@ optimizer): ``tf.train.Checkpoint(..., compression=gs)`` saves this rank's; ``st
 ``load_state_dict()`` gather every rank's on rank 0 and hand it back: each traced step starts
 with a 4-byte allreduce of the ranks' step flags and, only when one is set (a state loaded on
 rank 0, or a rank out of step), runs the restore eagerly in a ``tf.py_function`` before any
-state is read. ``merge="mpi"`` merges through ``tf.numpy_function``.
+state is read. ``transport="mpi"`` runs its collectives through ``tf.numpy_function``.
 
 Why not the torch adapters' :class:`~gs_horovod.engine.state.EngineState`: it swaps in the
 step's new residual buffer after each step, but a traced step must assign to the variables
@@ -142,9 +142,9 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
 
     _hvd = hvd
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
+    def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
-        super().__init__(merge, comm, **options)
+        super().__init__(transport, comm, **options)
         self.states: dict[str, _VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, _StepState] = {}  # by a digest of the optimizer's variable paths
         self._traced = _Traced()  # a plain object: tf.Module would wrap (copy) a list or dict
@@ -311,11 +311,11 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
                          lambda: tf.constant(True))
         with tf.control_dependencies([agreed]):  # a restore (eager, inside py_function) precedes every read
             warm = step.steps < cfg.warmup_steps  # read before the step assigns it
-            engine = GsSgd(cfg, ops, comm)
+            sgd = GsSgd(cfg, ops, comm)
             flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
             residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
             momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-            result = engine.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
+            result = sgd.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
                                  tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)

@@ -91,7 +91,7 @@ class _Ctx:
 
 class GsSketch(GsSketchBase, Compressor):
     """gs-SGD compression for ``hvd.DistributedOptimizer`` (options:
-    :class:`~gs_horovod.engine.config.GsConfig`; ``merge`` and ``comm``:
+    :class:`~gs_horovod.engine.config.GsConfig`; ``transport`` and ``comm``:
     :class:`~gs_horovod.compressor.GsSketchBase`). Float gradients of at least
     ``min_size`` elements go through the engine (in float32, whatever their dtype); others are
     allreduced as they are. ``stats`` counts the bytes this rank hands to collectives."""
@@ -99,8 +99,8 @@ class GsSketch(GsSketchBase, Compressor):
     _hvd = hvd
     stats = DefaultInstanceAttribute()
 
-    def __init__(self, merge: str = "horovod", comm: Any = None, **options: Any) -> None:
-        super().__init__(merge, comm, **options)
+    def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
+        super().__init__(transport, comm, **options)
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
         self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, _Params]] = weakref.WeakKeyDictionary()
@@ -149,7 +149,7 @@ class GsSketch(GsSketchBase, Compressor):
             return tensor
         state = ctx.state
         if state.updates is None and not state.means:  # the step's first decompress: its flags arrived
-            comm = state.engine.comm
+            comm = state.sgd.comm
             self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))  # CheckpointApi.agree
             state.early = state.early and state.dense_ahead()  # a restore gave residuals back: the engine sends a
             self._early_out[state] = {}
@@ -245,8 +245,8 @@ class GsSketch(GsSketchBase, Compressor):
         if optimizer not in self._states:
             params = _Params(optimizer)
             op = getattr(optimizer, "op", hvd.Adasum)  # Horovod's Adasum optimizer keeps no op
-            engine = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
-            state = EngineState(engine, self.stats, {name: p.numel() for name, p in params.items})
+            sgd = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
+            state = EngineState(sgd, self.stats, {name: p.numel() for name, p in params.items})
             self._states[optimizer] = (state, params)
             self._restore(state, params)
         state, params = self._states[optimizer]

@@ -11,8 +11,8 @@ from conftest import horovodrun
 
 from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 from gs_horovod.kernels import torch_pairs
+from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
-from gs_horovod.transports.wire import total_wire_bytes
 
 SHAPES = [(64, 48), (300,), (40, 40), (2000,)]  # (300,) is under min_size=1024: sent exactly
 NAMES = [f"t{i}" for i in range(len(SHAPES))]

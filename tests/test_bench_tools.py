@@ -26,7 +26,7 @@ import bench_wire  # noqa: E402
 import cost_model  # noqa: E402
 
 from gs_bench import runs, variants  # noqa: E402
-from gs_horovod.transports.wire import KINDS  # noqa: E402
+from gs_horovod.transports.collective_cost import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
             "seq", "hidden", "params", "warmup", "steps", "seconds", "steps_per_s", "bytes_per_step",
@@ -195,8 +195,8 @@ def test_bench_wire_counts_what_the_collectives_receive(ranks: int) -> None:
     shape, ratio = (20, 5000), 0.001
     counted = bench_wire.counted(shape, ratio, ranks)
     runnable = [v for v in bench_wire.VARIANTS if METHODS[variants.parse_variant(v)[0]].simulated_too
-                and "merge" not in variants.parse_variant(v)[1]]
-    assert len(runnable) == len(bench_wire.VARIANTS) - 2  # fp16 is Horovod's, merge=mpi needs MPI
+                and "transport" not in variants.parse_variant(v)[1]]
+    assert len(runnable) == len(bench_wire.VARIANTS) - 2  # fp16 is Horovod's, transport=mpi needs MPI
     for v in runnable:
         method, options = variants.parse_variant(v)
 

@@ -161,3 +161,12 @@ def test_a_state_saved_before_the_wire_option_loads_and_other_options_still_coun
     assert "wire='fp32' saved, 'compact' now" in check_local_state(local(0, 2, {**OPTIONS, "wire": "fp32"}), now, 2)
     assert "ratio=0.05 saved, 0.1 now" in check_local_state(older, {**now, "ratio": 0.1}, 2)
 
+
+
+def test_a_state_saved_with_the_former_merge_option_loads_as_transport():
+    """``merge`` became ``transport``: a state saved under the old name compares as the new one."""
+    now = {**OPTIONS, "transport": "horovod"}
+    assert check_local_state(local(0, 2, {**OPTIONS, "merge": "horovod"}), now, 2) == ""
+    assert check_local_state(local(0, 2, {**OPTIONS, "transport": "horovod"}), now, 2) == ""
+    differs = check_local_state(local(0, 2, {**OPTIONS, "merge": "mpi"}), now, 2)
+    assert "transport='mpi' saved, 'horovod' now" in differs and "merge" not in differs

@@ -16,7 +16,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import cost_model  # noqa: E402
 
-from gs_horovod.transports.wire import rounds  # noqa: E402
+from gs_horovod.transports.collective_cost import rounds  # noqa: E402
 
 PINGPONG = {"local": (20e-6, 1.5e9), "100mbit": (20e-6, 12e6)}
 BETA = {"allreduce": 7e6, "allgather": 9e6, "gather": 12e6}  # 100mbit: what each kind gets of the link
@@ -50,13 +50,13 @@ def test_fit_recovers_each_kinds_beta(tmp_path: Path) -> None:
 
 
 def ring_allreduce_seconds(n: float, P: int, alpha: float, beta: float) -> float:
-    """By hand, from gs_horovod/transports/wire.py's definitions: a ring allreduce of n bytes a
+    """By hand, from gs_horovod/transports/collective_cost.py's definitions: a ring allreduce of n bytes a
     rank is 2(P−1) rounds of n/P bytes, and the cost model charges α + bytes/β a round."""
     return 2 * (P - 1) * (alpha + n / P / beta)
 
 
 def test_comm_seconds_is_alpha_plus_bytes_over_beta_per_round() -> None:
-    """cost_model.comm_seconds against wire.py's rounds written out by hand for each kind, at
+    """cost_model.comm_seconds against collective_cost.py's rounds written out by hand for each kind, at
     the ping-pong's (α, β) and, for the kinds ``fits`` names, at theirs."""
     a, b, n = 20e-6, 12e6, 3.0e6
     assert cost_model.comm_seconds([("allreduce", n)], 4, a, b) == pytest.approx(6 * (a + n / 4 / b), rel=1e-12)

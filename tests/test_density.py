@@ -15,8 +15,8 @@ from conftest import horovodrun, torchrun
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
 from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
-from gs_horovod.transports.wire import total_wire_bytes
 
 D = 200_000
 
@@ -103,7 +103,7 @@ def test_candidates_above_the_prefilter_are_fine_where_nothing_caps_them():
     GsConfig(candidates=4, exchange="sketch")
     GsConfig(candidates=4, prefilter=0)
     plan = Plan.build(["w"], [D], GsConfig(ratio=0.01, candidates=4, prefilter=4), ranks=8)
-    assert plan.groups[0].candidates == 4 * plan.groups[0].k  # not capped
+    assert plan.groups[0].nominated == 4 * plan.groups[0].k  # not capped
 
 
 def test_a_level_is_only_for_auto():

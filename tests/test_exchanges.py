@@ -1,5 +1,5 @@
 """The engine's exchanges on simulated ranks (the fast tier) and on every real transport
-(Horovod over gloo, ``merge="mpi"`` over mpi4py, torch.distributed under torchrun; slow) at 2,
+(Horovod over gloo, ``transport="mpi"`` over mpi4py, torch.distributed under torchrun; slow) at 2,
 3 and 4 ranks, against a NumPy recomputation of the step from every rank's gradients
 (tests/workers/exchanges.py)."""
 

@@ -15,8 +15,8 @@ from gs_horovod.engine.exchanges import EXCHANGES
 from gs_horovod.kernels.hashing import hash_keys, reference_buckets_signs
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.torch import GsSketch
+from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
-from gs_horovod.transports.wire import total_wire_bytes
 
 NAMES = ["a.weight", "b.weight"]
 
@@ -41,8 +41,8 @@ class Rank:
         return [] if self.momentum is None else list(torch.split(self.momentum, self.sizes))
 
     def step(self, comm, grads: list[torch.Tensor]):
-        engine = GsSgd(self.config, TorchOps(self.config.backend), comm)
-        result = engine.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
+        sgd = GsSgd(self.config, TorchOps(self.config.backend), comm)
+        result = sgd.step(self.plan, grads, self.residual, self.momentum, self.steps, self.steps == 0)
         # kept whether applied or not, as TF's variables keep it: a skipped step must hand back the prior state
         self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
         return list(torch.split(result.update, self.plan.all_sizes))
@@ -107,8 +107,8 @@ def test_tensors_below_min_size_are_averaged_exactly_in_the_same_step(exact):
     plan = Plan.build(["w"], [4000], cfg, ("b", "empty"), (10, 0), ranks=2)
 
     def rank(r, comm):
-        engine = GsSgd(cfg, TorchOps("torch"), comm)
-        update = engine.step(plan, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
+        sgd = GsSgd(cfg, TorchOps("torch"), comm)
+        update = sgd.step(plan, grads[r], torch.zeros(4000), None, 0, True, small[r]).update
         return list(torch.split(update, plan.all_sizes))
 
     updates = SimulatedRanks(2).run(rank)
@@ -349,7 +349,7 @@ def test_auto_with_the_compact_wire_prices_the_encoded_bytes():
 
 @pytest.mark.parametrize("P", [5, 6, 7])
 def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
-    """merge="mpi" runs allreduces as a recursive-doubling tree (2⌈log2 P⌉·n through a rank),
+    """transport="mpi" runs allreduces as a recursive-doubling tree (2⌈log2 P⌉·n through a rank),
     Horovod as a ring (4(P−1)/P·n): "auto" prices the sparse exchange's histograms and the small
     tensors on the transport's own. D = 1,280,000 + a 1,000-element tensor sent exactly, k = 1,280."""
     k, small = 1280, 4 * 1000
@@ -372,8 +372,8 @@ def test_auto_prices_the_allreduces_as_the_transport_runs_them(P):
         assert plan.exchange == expected[kind]
         assert {c for c, _ in plan.collectives(cfg)} - {"allgather", "alltoall"} == {kind}
     tensors = [torch.zeros(1_280_000), torch.zeros(1000)]
-    for merge, kind in (("horovod", "allreduce"), ("mpi", "tree")):
-        step = GsSketch(merge=merge, ratio=0.001, wire="fp32").collectives_per_step(tensors, ranks=P)
+    for transport, kind in (("horovod", "allreduce"), ("mpi", "tree")):
+        step = GsSketch(transport=transport, ratio=0.001, wire="fp32").collectives_per_step(tensors, ranks=P)
         assert {c for c, _ in step} == {kind, "allgather"} | ({"alltoall"} if expected[kind] == "sparse" else set())
     with pytest.raises(ValueError, match="allreduce_kind"):
         Plan.split([("w", 1_280_000)], cfg, ranks=P, allreduce_kind="ring")
@@ -439,14 +439,14 @@ def test_sizes_and_bytes_follow_the_options():
                    wire="fp32")
     plan = Plan.build(NAMES, [60_000, 40_000], cfg, ("c.bias",), (10,), ranks=2)
     (grp,) = plan.groups
-    assert (grp.k, grp.cols, grp.fed, grp.candidates) == (1000, 2000, 1000, 2000)
+    assert (grp.k, grp.cols, grp.fed, grp.nominated) == (1000, 2000, 1000, 2000)
     assert plan.payload_bytes(cfg) == Payload(sketch=3 * 2000 * 2, exact=2000 * 4, dense=10 * 4)
     assert plan.collectives(cfg) == [("allreduce", 12_000.0), ("allreduce", 8040.0)]
     # the allgather sends (int32, f32) per pre-filtered coordinate and nominates at most L·k
     # (candidates above the pre-filter are an error there)
     one = replace(cfg, candidates=1, exact=True)
     gathered = Plan.build(NAMES, [60_000, 40_000], replace(one, exchange="allgather"), ("c.bias",), (10,), ranks=2)
-    assert gathered.groups[0].candidates == 1000
+    assert gathered.groups[0].nominated == 1000
     assert gathered.payload_bytes(cfg) == Payload(gather=8 * 1000, exact=1000 * 4, dense=10 * 4)
     # the sparse exchange: the pairs by alltoall, two rounds of 256 counts (each below 4 · 1000 <
     # 2^12: five 12-bit counts to an 8-byte word, 52 words a round), an even share of the

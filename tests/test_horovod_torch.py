@@ -30,7 +30,7 @@ def ranks(request, tmp_path_factory):
 
     n, controller = request.param
     # the 600-step convergence runs once (2 ranks, gloo); under the MPI controller (several
-    # times slower here) the adapter's core checks and merge="mpi" only
+    # times slower here) the adapter's core checks and transport="mpi" only
     scenarios = "all" if (n, controller) == SETUPS[0] else controller
     return horovodrun("torch_scenarios.py", n, controller, tmp_path_factory.mktemp(f"{controller}{n}"), scenarios,
                       timeout=480)

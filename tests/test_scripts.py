@@ -237,11 +237,12 @@ def test_bench_recovery_rule(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("launcher, compression", [("run_demo.sh", "gs"), ("run_demo.sh --launcher torchrun", "gs"),
-                                                   ("torchrun", "powersgd"), ("horovodrun --mpi --merge mpi", "gs")])
+                                                   ("torchrun", "powersgd"),
+                                                   ("horovodrun --mpi --transport mpi", "gs")])
 def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> None:
     """``bash scripts/run_demo.sh --model mlp --epochs 1 --json F`` (the demo: horovodrun, GsSketch;
     and ``--launcher torchrun``: DDP with gs_hook), ``torchrun ... train_torch.py`` with torch's
-    PowerSGD hook, and ``horovodrun --mpi ... train_torch.py --merge mpi``: one epoch, fewer bytes
+    PowerSGD hook, and ``horovodrun --mpi ... train_torch.py --transport mpi``: one epoch, fewer bytes
     per step than dense."""
     out = tmp_path / "history.json"
     args = ["--model", "mlp", "--epochs", "1", "--json", str(out), "--compression", compression]
@@ -252,7 +253,7 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         lines = proc.stdout.splitlines()  # scripts/console.py strips rank 0's prefix
     elif launcher.startswith("horovodrun"):
-        lines = rank0_lines(run_script("examples/train_torch.py", *args, "--merge", "mpi",
+        lines = rank0_lines(run_script("examples/train_torch.py", *args, "--transport", "mpi",
                                        launcher=horovodrun_command(2, "mpi")))
     else:
         lines = run_script("examples/train_torch.py", *args, launcher=torchrun_command(2)).splitlines()

@@ -19,7 +19,7 @@ error-feedback residual and sends tensors under ``min_size`` elements exactly; i
 
 from __future__ import annotations
 
-from .methods import GTopK, PowerSGD, SketchedSGD, TopKAllgather
+from .algorithms import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 from .reducer import Reducer, ReducerOptimizer
 
 __all__ = ["Reducer", "ReducerOptimizer", "GTopK", "PowerSGD", "SketchedSGD", "TopKAllgather"]

@@ -10,8 +10,8 @@ import torch
 
 from gs_horovod.engine import SCOPES, count_for
 from gs_horovod.kernels import torch_ops
+from gs_horovod.transports.collective_cost import Collective
 from gs_horovod.transports.protocol import Collectives
-from gs_horovod.transports.wire import Collective
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Reducer:
 
     def planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
         """The (kind, payload bytes) collectives of one step for gradients of ``shapes``, as
-        :meth:`reduce` issues them (:mod:`gs_horovod.transports.wire` turns them into wire bytes)."""
+        :meth:`reduce` issues them (:mod:`gs_horovod.transports.collective_cost` turns them into wire bytes)."""
         sizes = [math.prod(s) for s in shapes]
         small = sum(d for d in sizes if d < self.min_size)
         head = [("allreduce", 4.0 * small)] if small else []

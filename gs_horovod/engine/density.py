@@ -21,7 +21,7 @@ three floats each and every rank, from the same numbers, chooses::
 
 The budget bounds the link's share: the selection costs about the same at every level (a
 top-k over D), so it does not decide k, only whether sending everything dense is cheaper.
-wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.wire.total_wire_bytes`)
+wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.collective_cost.total_wire_bytes`)
 of the plan at L. The link's seconds a byte come from the dense window alone, so the sparse
 level moves only with t_c. A change of world (Horovod elastic) starts the rule again
 (:meth:`Density.restart`).

@@ -21,11 +21,12 @@ class Payload(NamedTuple):
     dense: int = 0
 
 
-def collectives_of(payload: Payload, merge: str = "allreduce") -> list[tuple[str, float]]:
-    """A step's (kind, payload bytes) collectives (:mod:`gs_horovod.transports.wire`) in issue
+def collectives_of(payload: Payload, allreduce_kind: str = "allreduce") -> list[tuple[str, float]]:
+    """A step's (kind, payload bytes) collectives (:mod:`gs_horovod.transports.collective_cost`) in issue
     order, the empty ones left out: the sketch merge, the threshold rounds and the exact round
-    (with the small tensors) as ``merge`` ("allreduce", or "tree" under merge="mpi"), the
+    (with the small tensors) as ``allreduce_kind`` ("allreduce", or "tree" under transport="mpi"), the
     allgather as "allgather", the alltoall as "alltoall"."""
-    step = [(merge, payload.sketch), ("alltoall", payload.alltoall), (merge, payload.select / 2),
-            (merge, payload.select / 2), ("allgather", payload.gather), (merge, payload.exact + payload.dense)]
+    ar = allreduce_kind
+    step = [(ar, payload.sketch), ("alltoall", payload.alltoall), (ar, payload.select / 2),
+            (ar, payload.select / 2), ("allgather", payload.gather), (ar, payload.exact + payload.dense)]
     return [(kind, float(n)) for kind, n in step if n]

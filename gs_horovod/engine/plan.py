@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from ..transports.wire import total_wire_bytes
+from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig, check_choice
 from .density import DENSE
 from .exchanges import EXCHANGES
 from .exchanges.base import MAX_PAIR_COORDINATES
 from .payload import Payload, collectives_of
 
-ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (merge="mpi")
+ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (transport="mpi")
 # "auto" takes the allgather while its wire bytes are at most this many times the sparse
 # exchange's. What it rests on (docs/design.md, "`auto`'s rule, measured"; docs/recovery_rule.jsonl:
 # the 1.28M digits MLP and the MNIST CNN, k = D/1000, P = 2-16, 3 seeds of 20 steps each): the rule
@@ -29,15 +29,15 @@ UNION_WORTH = 2.0
 class Group:
     """A run of coordinates [start, start + size) of the step's vector, selected together:
     ``k`` applied, ``cols`` sketch columns, ``fed`` coordinates each rank feeds the exchange
-    (L·k, or size without pre-filter), ``candidates`` the exchange nominates (m·k; at most L·k
-    under the exchanges that send pairs)."""
+    (L·k, or size without pre-filter), ``nominated`` coordinates the exchange nominates (m·k,
+    m the option ``candidates``; at most L·k under the exchanges that send pairs)."""
 
     start: int
     size: int
     k: int
     cols: int
     fed: int
-    candidates: int
+    nominated: int
 
 
 def starts_of(sizes: tuple[int, ...]) -> list[int]:
@@ -58,9 +58,9 @@ class Plan:
     exactly (appended to the exact round, or averaged as they are); groups: see :class:`Group`;
     exchange: the name of the exchange (:data:`EXCHANGES`) the config chose for ``ranks`` (P)
     ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
-    :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.wire` kind the
+    :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.collective_cost` kind the
     transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
-    merge="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
+    transport="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
     ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise.
     """
 
@@ -119,7 +119,7 @@ class Plan:
                 if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
                     raise ValueError(f"exchange={exchange!r} with wire='fp32' sends int32 indices: {total} "
                                      "coordinates is too many (wire='compact' and 'compact8' have no limit)")
-                chosen = [replace(g, candidates=min(g.candidates, g.fed)) for g in groups]
+                chosen = [replace(g, nominated=min(g.nominated, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
                        allreduce_kind, level)
@@ -174,7 +174,7 @@ class Plan:
         if dense or not self.groups:
             itemsize = 2 if self.level == DENSE else 4
             return Payload(dense=(self.total + sum(self.dense_sizes)) * itemsize)
-        exact = sum(g.candidates for g in self.groups) * 4 if self.exact else 0
+        exact = sum(g.nominated for g in self.groups) * 4 if self.exact else 0
         own = EXCHANGES[self.exchange].payload(self, config, measured)
         return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
-from ..transports.wire import total_wire_bytes
+from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig
 from .density import DENSE, Density
 from .payload import Payload
@@ -96,7 +96,7 @@ class EngineState:
 
     Fields:
 
-    - ``engine``: the :class:`GsSgd` that steps it (config, array ops, collectives).
+    - ``sgd``: the :class:`GsSgd` that steps it (config, array ops, collectives).
     - ``plan``: the :class:`Plan` of the last step's tensors (None before the first): the
       ``min_size`` split, the order and offsets of the compressed tensors in the flat buffers.
     - ``residual``: e, (D,) f32, every compressed tensor's error-feedback residual, laid end to
@@ -119,10 +119,10 @@ class EngineState:
       at the step's first record); ``means``: their merged means so far (:meth:`take_mean`).
     """
 
-    def __init__(self, engine: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None,
+    def __init__(self, sgd: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.engine, self.stats, self.sizes = engine, stats, dict(sizes or {})
-        config = engine.config
+        self.sgd, self.stats, self.sizes = sgd, stats, dict(sizes or {})
+        config = sgd.config
         self.density = Density() if config.adaptive else None
         self.clock = clock
         self._ended: Optional[float] = None  # the clock at the end of the last step
@@ -142,7 +142,7 @@ class EngineState:
 
     @property
     def ops(self) -> ArrayOps:
-        return self.engine.ops
+        return self.sgd.ops
 
     def record(self, name: str, grad: Array) -> None:
         """Records this step's gradient (d,) f32 of ``name``; the first record after the
@@ -197,7 +197,7 @@ class EngineState:
     def step(self, grads: dict[str, Array]) -> dict[str, Array]:
         """One engine step over ``grads`` (name → (d,) f32); stores the new state unless the
         step was skipped; returns each tensor's update, a view of the step's flat update."""
-        config, comm, density = self.engine.config, self.engine.comm, self.density
+        config, comm, density = self.sgd.config, self.sgd.comm, self.density
         like = next(iter(grads.values()))
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
         begun = self.clock()
@@ -209,7 +209,7 @@ class EngineState:
         plan, ended, self._ended = self.plan, self._ended, None
         started = self.clock()
         with self.ops.own_threads():
-            result = self.engine.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
+            result = self.sgd.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
                                       self.steps, not self.checked, [grads[n] for n in plan.dense_names])
         return self._store(plan, named, result, ended, begun, started)
 
@@ -237,13 +237,13 @@ class EngineState:
 
     def _share(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` (n,) as (P, n) float32, the same on every rank (one allgather)."""
-        comm = self.engine.comm
+        comm = self.sgd.comm
         every = comm.to_host(comm.allgather(comm.from_host(local.astype(np.float32)), "gs_horovod.density"))
         return np.asarray(every).reshape(comm.size, -1)
 
     def _wire(self, named: list[tuple[str, int]], level: float) -> float:
         """Wire bytes through the busiest rank of one step of ``named`` at density ``level``."""
-        comm, config = self.engine.comm, self.engine.config
+        comm, config = self.sgd.comm, self.sgd.config
         key = (tuple(named), level, comm.size, comm.allreduce_kind)
         if key not in self._wires:
             plan = Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level)
@@ -320,7 +320,7 @@ class EngineState:
             momenta.append(ops.zeros((d,), like) if kept is None else ops.moved(kept, like))
         self.residual = ops.concat(residuals) if residuals else ops.zeros((0,), like)
         self.momentum = None
-        if self.engine.config.momentum:
+        if self.sgd.config.momentum:
             self.momentum = ops.concat(momenta) if momenta else ops.zeros((0,), like)
         self.pending = {n: s for n, s in self.pending.items() if n not in plan.names}
         self.plan = plan

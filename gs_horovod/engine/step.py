@@ -204,7 +204,7 @@ class GsSgd:
         of them (``apply="all"``) or each group's top k of the exact means."""
         ops = self.ops
         cand = ops.concat([c.idx for c in nominated.groups])
-        ncand = sum(grp.candidates for grp in plan.groups)
+        ncand = sum(grp.nominated for grp in plan.groups)
         local = ops.take(acc.a, cand) if acc.dense is None else ops.concat([ops.take(acc.a, cand), acc.dense])
         reduced = self.comm.allreduce(local, "gs_horovod.exact")
         exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, sum(plan.dense_sizes))
@@ -215,11 +215,11 @@ class GsSgd:
         else:
             chosen, kept, first = [], [], 0
             for grp in plan.groups:
-                vals = ops.slice(exact, first, grp.candidates)
+                vals = ops.slice(exact, first, grp.nominated)
                 best = ops.top_abs(vals, grp.k)
-                chosen.append(ops.take(ops.slice(cand, first, grp.candidates), best))
+                chosen.append(ops.take(ops.slice(cand, first, grp.nominated), best))
                 kept.append(ops.take(vals, best))
-                first += grp.candidates
+                first += grp.nominated
             sel, values = ops.concat(chosen), ops.concat(kept)
         return Selection(sel, values, ops.take(acc.a, sel), dense_mean, finite)
 

@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from ..kernels.torch_ops import TorchOps
+from .collective_cost import Traffic
 from .deadline import poll_until
 from .protocol import count, half_prescaled
-from .wire import Traffic
 
 EXIT_GRACE = 0.1
 """Seconds the exit handler of :func:`release_gloo_workers_at_exit` lets go of the GIL for."""

@@ -9,9 +9,9 @@ from typing import Any, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
+from .collective_cost import Traffic
 from .deadline import poll_until, wait_on_thread
 from .protocol import count, half_prescaled
-from .wire import Traffic
 
 
 def op_name(name: str) -> str:

@@ -1,4 +1,4 @@
-"""``merge="mpi"`` as a transport: :class:`MpiCollectives`, whose allreduces are
+"""The ``transport="mpi"`` transport: :class:`MpiCollectives`, whose allreduces are
 :func:`tree_allreduce` (recursive doubling, node-aware) over mpi4py and whose alltoall and
 allgather are MPI's Alltoallv / Allgatherv, beside Horovod.
 
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
+from .collective_cost import Traffic
 from .horovod import HorovodCollectives
 from .protocol import count, half_prescaled
-from .wire import Traffic
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -71,14 +71,14 @@ def horovod_world(hvd: Any, comm: Any = None) -> MPI.Comm:
         threads = False
     if not threads:
         raise RuntimeError(
-            "GsSketch(merge='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
+            "GsSketch(transport='mpi') needs Horovod's MPI controller with MPI_THREAD_MULTIPLE "
             "(launch with horovodrun --mpi or mpirun, and leave HOROVOD_MPI_THREADS_DISABLE unset); "
-            "use merge='horovod' under Gloo"
+            "use transport='horovod' under Gloo"
         )
     comm = _mpi().COMM_WORLD if comm is None else comm
     if comm.Get_size() != hvd.size() or comm.Get_rank() != hvd.rank():
         raise RuntimeError(
-            f"GsSketch(merge='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
+            f"GsSketch(transport='mpi'): the MPI communicator (rank {comm.Get_rank()} of {comm.Get_size()}) "
             f"is not Horovod's (rank {hvd.rank()} of {hvd.size()})"
         )
     return comm

@@ -4,12 +4,12 @@ baselines issue, and what is written once on top of it.
 Each transport implements :class:`Collectives` once, in a module of its own here:
 
 - Horovod (``horovod.torch`` or ``horovod.tensorflow``): :class:`.horovod.HorovodCollectives`;
-- ``merge="mpi"`` (mpi4py beside Horovod): :class:`.mpi.MpiCollectives`;
+- ``transport="mpi"`` (mpi4py beside Horovod): :class:`.mpi.MpiCollectives`;
 - torch.distributed (the DDP hook): :class:`.dist.DistCollectives`;
 - P ranks in one process: :class:`.simulated.SimulatedComm`.
 
 Every call counts its ``(kind, payload bytes)`` into ``traffic``
-(:class:`~.wire.Traffic`, the wire algorithm of :mod:`.wire`), where it is sent, once; a
+(:class:`~.collective_cost.Traffic`, the wire algorithm of :mod:`.collective_cost`), where it is sent, once; a
 transport that runs inside a traced TensorFlow graph has ``traffic = None`` (its adapter's
 graph counters count instead).
 """
@@ -21,14 +21,14 @@ from typing import Any, Optional, Protocol
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
-from .wire import Traffic
+from .collective_cost import Traffic
 
 
 class Collectives(Protocol):
     """Collectives over ``size`` ranks (P) seen from ``rank``; every result is bitwise the same
     on every rank (``gather``: on rank 0). ``averages``: whether :meth:`allreduce` returns the
     mean (Horovod's op Average) or the sum (op Sum). ``allreduce_kind``: the
-    :mod:`gs_horovod.transports.wire` kind its allreduces run as ("allreduce": a ring; "tree": recursive
+    :mod:`gs_horovod.transports.collective_cost` kind its allreduces run as ("allreduce": a ring; "tree": recursive
     doubling), which prices them in ``exchange="auto"``."""
 
     rank: int

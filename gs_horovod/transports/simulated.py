@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, TypeVar
 import numpy as np
 import torch
 
-from .wire import Traffic, rounds, wire_bytes
+from .collective_cost import Traffic, rounds, wire_bytes
 
 T = TypeVar("T")
 
@@ -129,7 +129,7 @@ class SimulatedComm:
     def clock(self) -> float:
         """This rank's modelled seconds: its own compute (the turn held, this stretch included)
         plus the link's seconds of its collectives: each round of a collective
-        (:func:`~gs_horovod.transports.wire.rounds`) costs latency + bytes / bandwidth."""
+        (:func:`~gs_horovod.transports.collective_cost.rounds`) costs latency + bytes / bandwidth."""
         return self.group.compute_seconds[self.rank] + time.perf_counter() - self.started + self.link_seconds
 
     def _count(self, kind: str, nbytes: float, wire: Optional[float] = None) -> None:

@@ -29,7 +29,7 @@ between its evaluations, :func:`at_budget`; accuracy: above 1 is gs ahead; perpl
 is), y = gs's wire MB over that method's at that point (1 unless it sent less in all), after a
 line per peer at that budget (a peer whose first evaluation sent more is listed, not picked).
 
-Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.transports.wire``: ring
+Budgets are compared in **wire bytes through the busiest rank** (``gs_horovod.transports.collective_cost``: ring
 allreduce 4(P−1)/P·n, ring allgather 2(P−1)·n, gTop-k's 2·log2 P pairwise rounds, Sketched-SGD's
 star into rank 0), with the payload handed to collectives beside it. Methods: dense (Horovod's),
 gs (GsSketch's defaults, global scope), top-k allgather and gTop-k with global and per-tensor
@@ -112,7 +112,7 @@ def model_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
 def gs_wire(shapes: list[tuple[int, ...]], ratio: float, ranks: int, options: Optional[dict] = None) -> float:
     """Wire bytes per step through a rank of GsSketch with ``options`` (default: its defaults) at ``ratio``."""
     from gs_bench.variants import planned
-    from gs_horovod.transports.wire import total_wire_bytes
+    from gs_horovod.transports.collective_cost import total_wire_bytes
 
     return total_wire_bytes(planned("gs", options or {}, shapes, ranks, ratio), ranks)
 
@@ -124,7 +124,7 @@ def equal_wire_sketched(shapes: list[tuple[int, ...]], ratio: float, ranks: int,
     the largest p2 of 4, 2, 1 that leaves room for at least one column per k (else p2 = 1 and
     fewer columns than k), and the width that fills the rest (wire bytes grow linearly with it)."""
     from gs_bench.baselines import SketchedSGD
-    from gs_horovod.transports.wire import total_wire_bytes
+    from gs_horovod.transports.collective_cost import total_wire_bytes
 
     target = gs_wire(shapes, ratio, ranks, gs)
 

@@ -28,7 +28,7 @@ compressed tensors in name order) and S = Σ_r a_r (D,):
 
 and a record's ``mass`` is its mean over the steps: 1 for the reference; dense's is
 ‖S‖²/‖top-k(S)‖² ≥ 1 (left out of the tables), and PowerSGD's dense low-rank update may exceed
-1 too. Bytes are per rank per step as the library counts them (``gs_horovod.transports.wire.Traffic`` of
+1 too. Bytes are per rank per step as the library counts them (``gs_horovod.transports.collective_cost.Traffic`` of
 rank 0's SimulatedComm): ``payload`` handed to collectives and ``wire`` bytes through the
 busiest rank, the small tensors' exact allreduce included (gs sends them in its exact round);
 dense is one ring allreduce of every tensor. SimulatedComm averages a float16 sketch in f32 in
@@ -86,8 +86,8 @@ from gs_bench.methods import METHODS
 from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, read_jsonl, stamp
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan, count_for
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.collective_cost import wire_bytes
 from gs_horovod.transports.simulated import SimulatedComm, SimulatedRanks
-from gs_horovod.transports.wire import wire_bytes
 
 SETTINGS = ("rows", "width", "candidates", "prefilter", "sketch_dtype", "exact", "scope", "apply", "exchange")
 MIN_SIZE = GsConfig().min_size

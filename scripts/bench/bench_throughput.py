@@ -10,7 +10,7 @@ while the .sh reshapes the links), each ``--warmup`` untimed then ``--steps`` ti
 Rank 0 appends one JSON line per phase to ``--out``: the variant (``method``, ``options``,
 ``variant`` as ``scripts/bench/cost_model.py`` parses it), ``label`` (the link setting) and
 ``repeat``, steps/s, the payload and wire bytes per step and the collectives of one step
-(``[kind, payload bytes]``, :mod:`gs_horovod.transports.wire`'s kinds) from the method's meter,
+(``[kind, payload bytes]``, :mod:`gs_horovod.transports.collective_cost`'s kinds) from the method's meter,
 ``run_id`` (``--run-id``: the .sh gives one per study) and ``code`` (the commit). An existing
 ``--out`` is refused unless ``--append`` is given (the .sh passes it to every launch of a study).
 

@@ -8,11 +8,11 @@ ranks.
 
 Counted: each variant's collectives of one step from the gradient's shape alone
 (``cost_model.planned``: the baselines' ``Reducer.planned``, gs-SGD's ``Plan.payload_bytes``,
-Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.transports.wire`. Measured: one step of
+Horovod's dense allreduce), turned into bytes by :mod:`gs_horovod.transports.collective_cost`. Measured: one step of
 each variant on this rank, its meter's bytes (``gs_bench.methods.distributed_optimizer``).
 "payload" is what a rank hands to collectives (its own contribution); "wire" is what goes
 through the busiest rank (sent + received) under each collective's algorithm: ring allreduce
-and allgather (Horovod), recursive doubling (gTop-k, GsSketch merge="mpi"), star (Sketched-SGD).
+and allgather (Horovod), recursive doubling (gTop-k, GsSketch transport="mpi"), star (Sketched-SGD).
 A smoke run: ``--d 100000`` with either mode.
 """
 
@@ -22,10 +22,10 @@ import argparse
 import json
 
 from gs_bench.variants import gs_config, parse_variant, planned, reducer, takes_ratio, variant_label
-from gs_horovod.transports.wire import total_wire_bytes
+from gs_horovod.transports.collective_cost import total_wire_bytes
 
-VARIANTS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
-MEASURED = tuple(v for v in VARIANTS if v != "gs:merge=mpi")  # merge=mpi needs Horovod's MPI controller
+VARIANTS = ("none", "fp16", "gs", "gs:transport=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
+MEASURED = tuple(v for v in VARIANTS if v != "gs:transport=mpi")  # transport=mpi needs Horovod's MPI controller
 
 
 def counted(shape: tuple[int, int], ratio: float, ranks: int) -> dict[str, tuple[float, float]]:

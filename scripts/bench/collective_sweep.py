@@ -10,7 +10,7 @@ per (collective, size) to ``--out`` (which must not exist unless ``--append`` is
 
 (``run_id``: ``--run-id``, else one for this invocation; ``code``: the commit; :mod:`gs_bench.runs`.)
 
-n is the payload one rank contributes (:mod:`gs_horovod.transports.wire`'s convention: alltoall sends
+n is the payload one rank contributes (:mod:`gs_horovod.transports.collective_cost`'s convention: alltoall sends
 n/P to each rank; pairwise swaps n with rank ^ 1; gather sends n to rank 0; broadcast sends
 n from rank 0). One timing is the slowest rank's time from a common start (a tiny allreduce)
 to its call's return. Sizes go up until a call's median passes ``--max-call-s``.

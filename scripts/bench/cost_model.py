@@ -5,7 +5,7 @@ communication round the method takes, α + bytes/β.
                     + Σ over the method's collectives of its rounds' (α + bytes / β)
 
 The rounds of each collective (ring allreduce, tree, ring allgather, pairwise, star gather,
-binomial broadcast) are :func:`gs_horovod.transports.wire.rounds`. A method variant is a word as
+binomial broadcast) are :func:`gs_horovod.transports.collective_cost.rounds`. A method variant is a word as
 ``scripts/bench/bench_throughput.sh`` takes it: ``METHOD[:NAME=VALUE,...]`` with the baseline's
 constructor options or GsSketch's (e.g. ``gtopk:scope=layer``, ``powersgd:rank=1``).
 
@@ -61,7 +61,7 @@ from typing import Any, Optional
 import numpy as np
 
 from gs_bench.variants import gs_config, parse_variant, planned, reducer, variant_label
-from gs_horovod.transports.wire import Collective, rounds
+from gs_horovod.transports.collective_cost import Collective, rounds
 
 Collectives = list[Collective]
 SHARE = 0.20  # max_rel_error counts rows whose modelled communication is at least this share of the step
@@ -92,7 +92,7 @@ def comm_seconds(collectives: Collectives, ranks: int, alpha: float, beta: float
 def fit_kind(rows: list[dict]) -> Optional[tuple[float, float, float]]:
     """(α, β, worst in-sample |fitted − measured| / measured over the rows of ≥ BIG bytes) of
     t = α·R + W/β for one collective on one link, R its rounds and W their bytes
-    (:func:`gs_horovod.transports.wire.rounds`), as :func:`pingpong.fit` fits a link: α = the median over
+    (:func:`gs_horovod.transports.collective_cost.rounds`), as :func:`pingpong.fit` fits a link: α = the median over
     rank counts of t/R at the smallest size (Horovod's per-call overhead included); β from the
     least-squares slope of t against W over the sizes of ≥ BIG bytes (below that tc's token
     bucket lets a message through at line rate), with an intercept per rank count. None when

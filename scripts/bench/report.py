@@ -650,7 +650,9 @@ def tf_digits_claim(docs: Path) -> str:
 # ---------------------------------------------------------------------------------------------
 # bytes (bench_wire.py)
 
-WIRE_COLUMNS = ("none", "fp16", "gs", "gs:merge=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1", "powersgd:rank=4")
+WIRE_COLUMNS = ("none", "fp16", "gs", "gs:transport=mpi", "topk", "gtopk", "sketched", "powersgd:rank=1",
+                "powersgd:rank=4")
+WIRE_RENAMED = {"gs:merge=mpi": "gs:transport=mpi"}  # variants as recorded before GsSketch's merge= became transport=
 
 
 def variant_name(v: str) -> str:
@@ -663,7 +665,7 @@ def variant_name(v: str) -> str:
 def wire_counted(docs: Path) -> str:
     """MB through the busiest rank per step for P = 2 … 1024 (payload per rank in the first row),
     from ``docs/wire_counted.json``."""
-    d = load(docs, "wire_counted.json")
+    d = {P: {WIRE_RENAMED.get(v, v): x for v, x in row.items()} for P, row in load(docs, "wire_counted.json").items()}
     cols = [v for v in WIRE_COLUMNS if v in d["2"]]
     lines = ["| P | " + " | ".join(variant_name(v) for v in cols) + " |", "|---|" + "---|" * len(cols),
              "| payload | " + " | ".join(f"{d['2'][v][0] / 1e6:,.3f}" for v in cols) + " |"]

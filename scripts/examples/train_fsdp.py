@@ -39,7 +39,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from gs_bench.cli import TorchRanks, check_lm_budget, demo_arguments, lm_arguments, local_bytes, method_options
 from gs_bench.methods import Meter
 from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
-from gs_horovod.transports.wire import Traffic
+from gs_horovod.transports.collective_cost import Traffic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

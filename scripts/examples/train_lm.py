@@ -29,8 +29,9 @@ from gs_bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = lm_arguments(__doc__, list(METHODS))
-    p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
-                   help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
+    p.add_argument("--transport", "--merge", dest="transport", choices=["horovod", "mpi"], default="horovod",
+                   help="gs: run the collectives on Horovod's or on gs_horovod's MPI tree and mpi4py (needs "
+                        "--mpi); --merge is its former name")
     add_simulated_flag(p)
     return check_lm_budget(p, p.parse_args(argv))
 

@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 from gs_bench.cli import Report, demo_arguments, method_options  # noqa: E402
 from gs_bench.methods import METHODS  # noqa: E402
 from gs_bench.workloads import digits_shard  # noqa: E402
-from gs_horovod.transports.wire import total_wire_bytes  # noqa: E402
+from gs_horovod.transports.collective_cost import total_wire_bytes  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

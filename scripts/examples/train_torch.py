@@ -35,8 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = demo_arguments(__doc__, list(METHODS))
     p.add_argument("--model", choices=sorted(EPOCHS), default="cnn",
                    help="cnn: MNIST-5k CNN (default); mlp: scikit-learn digits MLP")
-    p.add_argument("--merge", choices=["horovod", "mpi"], default="horovod",
-                   help="gs: merge sketches with Horovod's allreduce or gs_horovod's MPI tree (needs --mpi)")
+    p.add_argument("--transport", "--merge", dest="transport", choices=["horovod", "mpi"], default="horovod",
+                   help="gs: run the collectives on Horovod's or on gs_horovod's MPI tree and mpi4py (needs "
+                        "--mpi); --merge is its former name")
     add_simulated_flag(p)
     args = p.parse_args(argv)
     if args.epochs is None:

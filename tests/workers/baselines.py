@@ -13,8 +13,8 @@ from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 from gs_bench.baselines import ReducerOptimizer
 from gs_bench.methods import METHODS
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.collective_cost import Traffic, total_wire_bytes
 from gs_horovod.transports.horovod import HorovodCollectives
-from gs_horovod.transports.wire import Traffic, total_wire_bytes
 
 # variant: (method, options); "full" runs use ratio 1 (PowerSGD: a rank as large as the matrices)
 VARIANTS = {

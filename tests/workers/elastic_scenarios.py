@@ -98,7 +98,7 @@ class TorchJob:
         """The plan of the step just taken, and the ranks its collectives span."""
         (engine, _), = self.gs._states.values()
         return [list(engine.plan.names), engine.plan.exchange, [g.k for g in engine.plan.groups], engine.plan.ranks,
-                engine.engine.comm.size]
+                engine.sgd.comm.size]
 
     def model_digest(self) -> str:
         return sha([p.detach().numpy() for p in self.model.parameters()])

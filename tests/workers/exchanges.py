@@ -6,7 +6,7 @@
 
 or on simulated ranks in the test's own process (:func:`scenarios` with a SimulatedComm).
 
-Each transport's collectives (Horovod's, ``merge="mpi"``'s, torch.distributed's, the
+Each transport's collectives (Horovod's, ``transport="mpi"``'s, torch.distributed's, the
 simulated ones) carry one :class:`gs_horovod.engine.state.EngineState` per exchange over
 synthetic gradients with known heavy coordinates; every rank gathers every rank's gradients
 and recomputes the step in NumPy, and counts the bytes its collectives really received. The
@@ -88,7 +88,7 @@ def transport(kind: str) -> tuple[Callable[[], Any], Callable[[torch.Tensor], to
     from gs_horovod.torch import GsSketch
 
     hvd.init()
-    compressor = GsSketch(merge="mpi" if kind == "mpi" else "horovod")
+    compressor = GsSketch(transport="mpi" if kind == "mpi" else "horovod")
     return (lambda: compressor._collectives(hvd.Average, hvd.global_process_set),
             lambda x: hvd.allgather(x[None], name=f"test.gather.{x.numel()}"), hvd.rank(), hvd.size())
 

@@ -7,7 +7,7 @@ these counts, not with their own formulas.
   ``allreduce_async_`` / ``grouped_allreduce_async_`` of Horovod's ``DistributedOptimizer``; each
   call goes through to Horovod unchanged and its input's bytes are added up under its name.
 - :class:`CountingCollectives` wraps one :class:`gs_horovod.transports.protocol.Collectives` (for
-  ``merge="mpi"``, whose big collectives go through mpi4py, not Horovod) the same way.
+  ``transport="mpi"``, whose big collectives go through mpi4py, not Horovod) the same way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs under ``horovodrun --mpi``: the TensorFlow GsSketch with ``merge="mpi"`` (tree merge over
+"""Runs under ``horovodrun --mpi``: the TensorFlow GsSketch with ``transport="mpi"`` (tree merge over
 mpi4py inside the graph) for each exchange (results under ``result[exchange]``), one JSON file
 per rank.
 
@@ -26,12 +26,13 @@ def main(out_dir: str) -> None:
     result: dict = {"rank": hvd.rank()}
     dense, gs = Mlp(0), Mlp(0)
     run(dense, make_step(dense, hvd.Compression.none), x, y, range(3))
-    compression = GsSketch(merge="mpi", ratio=1.0, rows=1, width=1.0, min_size=1, sketch_dtype="float32", wire="fp32")
+    compression = GsSketch(transport="mpi", ratio=1.0, rows=1, width=1.0, min_size=1, sketch_dtype="float32",
+                           wire="fp32")
     run(gs, make_step(gs, compression), x, y, range(3))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
     for exchange in EXCHANGES:
-        model, compression = Mlp(1), GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange=exchange)
+        model, compression = Mlp(1), GsSketch(transport="mpi", ratio=0.05, min_size=64, exchange=exchange)
         step = make_step(model, compression)
         result[exchange] = {"digests": digests_after_each(model, step, x, y, 4),
                             "merge_calls": compression.merge_stats.calls}

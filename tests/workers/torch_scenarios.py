@@ -190,16 +190,16 @@ def groups(out: dict, exchange: str, x, y) -> None:
 
 
 def mpi_merge(out: dict, exchange: str, x, y) -> None:
-    """merge="mpi": the engine's merges by gs_horovod.transports.mpi (tree allreduce, Alltoallv,
+    """transport="mpi": the engine's merges by gs_horovod.transports.mpi (tree allreduce, Alltoallv,
     Allgatherv) instead of Horovod; bytes counted at the engine's collectives."""
     from handed_over import Counter
 
     dense, gs = mlp(0), mlp(0)
     train(dense, distributed(dense, "m.dense.", hvd.Compression.none), x, y, steps=5)
-    train(gs, distributed(gs, "m.gs.", GsSketch(merge="mpi", exchange=exchange, **K_EQUALS_D)), x, y, steps=5)
+    train(gs, distributed(gs, "m.gs.", GsSketch(transport="mpi", exchange=exchange, **K_EQUALS_D)), x, y, steps=5)
     out["mpi_k_equals_d_max_abs_diff"] = max_diff(dense, gs)
     model = mlp(1)
-    compression = GsSketch(merge="mpi", ratio=0.05, min_size=64, exchange=exchange)
+    compression = GsSketch(transport="mpi", ratio=0.05, min_size=64, exchange=exchange)
     counted = Counter()
     count_collectives(compression, counted)
     opt = distributed(model, "m.d.", compression)
@@ -216,7 +216,7 @@ def mpi_merge(out: dict, exchange: str, x, y) -> None:
         from mpi4py import MPI
 
         model = mlp(1)
-        opt = distributed(model, "m.comm.", GsSketch(merge="mpi", comm=MPI.COMM_WORLD, ratio=0.05, min_size=64,
+        opt = distributed(model, "m.comm.", GsSketch(transport="mpi", comm=MPI.COMM_WORLD, ratio=0.05, min_size=64,
                                                       exchange=exchange))
         for _ in range(10):  # the batches of the run above (train() starts its sampler again)
             train(model, opt, x, y, steps=1)
@@ -234,12 +234,12 @@ def convergence(out: dict, exchange: str, x, y) -> None:
 
 def per_exchange(exchange: str, refs: dict, x, y, scenarios: str) -> dict:
     """``scenarios``: "all" (everything, the convergence run included), "gloo" (all but the
-    convergence run), "mpi" (the adapter's core checks and merge="mpi": under Horovod's MPI
+    convergence run), "mpi" (the adapter's core checks and transport="mpi": under Horovod's MPI
     controller every scenario costs several times more on oversubscribed cores), "options"
     (what "gloo" runs beyond "mpi", for one run under the MPI controller: op Sum, exact=False,
     candidates, apply="all", prefilter=0, the warm-up, bf16/fp64 and grouped allreduce)."""
     out: dict = {}
-    if scenarios == "mpi":  # op Average, with the exact round, and merge="mpi"
+    if scenarios == "mpi":  # op Average, with the exact round, and transport="mpi"
         k_equals_d(out, exchange, refs, x, y, ops=(("avg", hvd.Average),))
         counted_run(out, "exact_True", GsSketch(ratio=0.05, exact=True, min_size=64, exchange=exchange), 10, x, y)
         mpi_merge(out, exchange, x, y)
@@ -357,7 +357,7 @@ def main(out_dir: str, scenarios: str = "all") -> None:
         result["dense_bytes_per_step"] = sum(p.numel() * 4 for p in mlp(2).parameters())
     if not hvd.mpi_enabled():
         model = mlp(4)
-        opt = distributed(model, "u.", GsSketch(merge="mpi", ratio=0.05, min_size=64))
+        opt = distributed(model, "u.", GsSketch(transport="mpi", ratio=0.05, min_size=64))
         try:
             train(model, opt, x, y, steps=1)
         except RuntimeError as e:

@@ -14,7 +14,7 @@ import numpy as np
 from ...array_ops import Array
 from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
-from .base import Candidates, Exchange, Nominated, union_sum
+from .base import Exchange, Nominated, Nominees, union_sum
 
 if TYPE_CHECKING:
     from ..config import GsConfig
@@ -36,31 +36,31 @@ class Allgather(Exchange):
             return Payload(gather=8 * fed)
         return Payload(gather=message_bytes(fed, plan.total, low_bits(fed, plan.total), config.wire))
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the m·k of largest |partial sum| in the union of every rank's ``fed`` set
         (the whole union with ``apply="all"`` and no exact round); the estimate is the partial
         sum as ``allreduce`` reduces (mean or sum) of what the ranks sent; finite: every
         gathered value is."""
-        ops, P, wire = engine.ops, engine.comm.size, engine.config.wire
+        ops, P, wire = sgd.ops, sgd.comm.size, sgd.config.wire
         mine = ops.concat(fed)
         n = sum(g.fed for g in plan.groups)
         if wire != "fp32":
             own, low = ops.wire_rounded(ops.take(a, mine), wire), low_bits(n, plan.total)
             message, _ = ops.pack_pairs(mine, own, ops.count(mine * 0, 1), plan.total, low, wire)  # one message
-            idx, vals, _ = ops.unpack_pairs(engine.comm.allgather(message, "gs_horovod.gather"), P, plan.total, low,
+            idx, vals, _ = ops.unpack_pairs(sgd.comm.allgather(message, "gs_horovod.gather"), P, plan.total, low,
                                             wire)
         else:
             own = None
-            idx, vals = ops.unpairs(ops.reshape(engine.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
+            idx, vals = ops.unpairs(ops.reshape(sgd.comm.allgather(ops.pairs(mine, ops.take(a, mine)),
                                                                       "gs_horovod.gather"), (-1,)))
-        union, sums = union_sum(engine, idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
+        union, sums = union_sum(sgd, idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
         whole = plan.apply == "all" and not plan.exact
         groups = []
         for grp, (first, size) in zip(plan.groups, ops.spans(union, [g.start for g in plan.groups])):
             g_union, g_sums = ops.slice(union, first, size), ops.slice(sums, first, size)
             if not whole:
-                best = ops.top_abs(g_sums, grp.candidates)
+                best = ops.top_abs(g_sums, grp.nominated)
                 g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
-            groups.append(Candidates(g_union, g_sums))
+            groups.append(Nominees(g_union, g_sums))
         sent = None if own is None else ops.take_sorted(mine, own, ops.concat([c.idx for c in groups]))
         return Nominated(groups, ops.all_finite(vals), sent, ops.count_of(0), ops.count_of(0))

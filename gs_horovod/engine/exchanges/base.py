@@ -14,23 +14,24 @@ if TYPE_CHECKING:
     from ..step import GsSgd
 
 
-class Candidates(NamedTuple):
-    """One group's nominated coordinates: ``idx`` (m·k,) int64 ascending (in the step's vector),
-    ``est`` (m·k,) f32 their estimates (the merged sketch's, or exact partial sums)."""
+class Nominees(NamedTuple):
+    """One group's candidates, the coordinates its exchange nominated: ``idx`` (m·k,) int64
+    ascending (in the step's vector), ``est`` (m·k,) f32 their estimates (the merged sketch's,
+    or exact partial sums)."""
 
     idx: Array
     est: Array
 
 
 class Nominated(NamedTuple):
-    """What an exchange returns: ``groups``, one :class:`Candidates` per plan group; ``finite``,
+    """What an exchange returns: ``groups``, one :class:`Nominees` per plan group; ``finite``,
     a predicate, false when a merged payload held NaN/Inf (the same on every rank); ``sent``:
     what this rank gave to each candidate (m·k,) f32, the groups' candidates laid end to end,
     when it is not simply a at the candidates it fed (the compact wire rounds what it sends),
     else None; ``routed`` / ``gathered``: the bytes this rank handed to an alltoall / an
     allgather of data-dependent size, counted by the adapters (0 where the plan fixes them)."""
 
-    groups: list[Candidates]
+    groups: list[Nominees]
     finite: Any
     sent: Optional[Array]
     routed: Any
@@ -60,7 +61,7 @@ class Exchange:
         :attr:`Nominated.gathered`), or None for the planned bytes."""
         raise NotImplementedError
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Each group's candidates from a (D,) f32 and ``fed``, each group's pre-filtered
         indices (L·k,) int64 in the step's vector (empty: no pre-filter, every coordinate)."""
         raise NotImplementedError
@@ -70,9 +71,9 @@ MAX_PAIR_COORDINATES = 2**31
 """Exchanges that send pairs with ``wire="fp32"`` carry int32 indices: a step's vector must be shorter."""
 
 
-def union_sum(engine: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+def union_sum(sgd: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
     """(union (u,) int64 ascending, s (u,) f32): the coordinates of every rank's pairs (rank
     r's ``counts[r]`` pairs, in rank order, each rank's indices distinct) and their sums added
     in rank order, divided by P when the transport's ``allreduce`` averages (as it would)."""
-    union, sums = engine.ops.union_sum(idx, vals, counts)
-    return union, sums / engine.comm.size if engine.comm.averages else sums
+    union, sums = sgd.ops.union_sum(idx, vals, counts)
+    return union, sums / sgd.comm.size if sgd.comm.averages else sums

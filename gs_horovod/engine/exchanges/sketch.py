@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ...array_ops import Array
 from ..payload import Payload
-from .base import Candidates, Exchange, Nominated
+from .base import Exchange, Nominated, Nominees
 
 if TYPE_CHECKING:
     from ..config import GsConfig
@@ -26,24 +26,24 @@ class Sketch(Exchange):
         itemsize = 2 if config.sketch_dtype == "float16" else 4
         return Payload(sketch=sum(config.rows * g.cols for g in plan.groups) * itemsize)
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates (idx ascending, the merged median estimates f32) of the sketch of a
         restricted to ``fed`` (every coordinate when empty); finite: the merged tables are."""
-        cfg, ops = engine.config, engine.ops
+        cfg, ops = sgd.config, sgd.ops
         tables = []
         for i, grp in enumerate(plan.groups):
             table = ops.zeros((cfg.rows, grp.cols), a)
             if fed:
-                table = ops.sketch_accumulate_at(table, fed[i] - grp.start, ops.take(a, fed[i]), engine.keys)
+                table = ops.sketch_accumulate_at(table, fed[i] - grp.start, ops.take(a, fed[i]), sgd.keys)
             else:
-                table = ops.sketch_accumulate(table, ops.slice(a, grp.start, grp.size), engine.keys, 0)
+                table = ops.sketch_accumulate(table, ops.slice(a, grp.start, grp.size), sgd.keys, 0)
             tables.append(ops.reshape(table, (-1,)))
-        merged = ops.cast(engine.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
+        merged = ops.cast(sgd.comm.allreduce(ops.cast(ops.concat(tables), cfg.sketch_dtype), "gs_horovod.sketch"),
                           "float32")
         groups, start = [], 0
         for grp in plan.groups:
             table = ops.reshape(ops.slice(merged, start, cfg.rows * grp.cols), (cfg.rows, grp.cols))
             start += cfg.rows * grp.cols
-            idx, est = ops.heavy_hitters(table, engine.keys, grp.size, grp.candidates)
-            groups.append(Candidates(idx + grp.start, est))
+            idx, est = ops.heavy_hitters(table, sgd.keys, grp.size, grp.nominated)
+            groups.append(Nominees(idx + grp.start, est))
         return Nominated(groups, ops.all_finite(merged), None, ops.count_of(0), ops.count_of(0))

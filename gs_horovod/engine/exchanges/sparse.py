@@ -39,7 +39,7 @@ import numpy as np
 from ...array_ops import Array
 from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
-from .base import Candidates, Exchange, Nominated, union_sum
+from .base import Exchange, Nominated, Nominees, union_sum
 
 if TYPE_CHECKING:
     from ..config import GsConfig
@@ -56,7 +56,7 @@ class Sparse(Exchange):
     def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
         """Measured: (routed, gathered) bytes as the step handed them over; planned (None): the
         pairs spread evenly over the P owners, and an even share of the m·k selected."""
-        fed, chosen, P = sum(g.fed for g in plan.groups), sum(g.candidates for g in plan.groups), plan.ranks
+        fed, chosen, P = sum(g.fed for g in plan.groups), sum(g.nominated for g in plan.groups), plan.ranks
         select = 2 * 8 * -(-RADIX_BINS * len(plan.groups) // (63 // self.count_bits(plan)))
         if measured is not None:
             routed, gathered = measured
@@ -81,20 +81,20 @@ class Sparse(Exchange):
     @staticmethod
     def gathered_low(plan: Plan) -> int:
         """The compact wire's low bits for the allgather: each owner's share of the m·k selected."""
-        return low_bits(math.ceil(sum(g.candidates for g in plan.groups) / plan.ranks), plan.total)
+        return low_bits(math.ceil(sum(g.nominated for g in plan.groups) / plan.ranks), plan.total)
 
-    def nominate(self, engine: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
         they are; routed / gathered: the bytes of this rank's alltoall and allgather. With
         ``wire="fp32"`` or ``"compact"`` nothing here depends on which rank owns what: the sums
         are the allgather exchange's, bit for bit (with the compact wire: of the same rounded
         values); with ``"compact8"`` an owner's sums are rounded at the scale of its largest, so
         their rounding depends on the owners' hash."""
-        ops, comm, wire = engine.ops, engine.comm, engine.config.wire
+        ops, comm, wire = sgd.ops, sgd.comm, sgd.config.wire
         compact = wire != "fp32"
         mine = ops.concat(fed)
         own = ops.wire_rounded(ops.take(a, mine), wire) if compact else ops.take(a, mine)  # one scale for all
-        owner = ops.owner_of(mine, comm.size, engine.keys)
+        owner = ops.owner_of(mine, comm.size, sgd.keys)
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
         if compact:
@@ -108,10 +108,10 @@ class Sparse(Exchange):
                                           "gs_horovod.sparse")  # two floats a pair
             (idx, vals), counts = ops.unpairs(received), got // 2
             routed_bytes = 8 * ops.size_of(mine)
-        union, exact_sums = union_sum(engine, idx, vals, counts)
+        union, exact_sums = union_sum(sgd, idx, vals, counts)
         sums = ops.wire_rounded(exact_sums, wire) if compact else exact_sums  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
-        wanted = ops.from_numpy(np.array([g.candidates for g in plan.groups], np.int32), union)
+        wanted = ops.from_numpy(np.array([g.nominated for g in plan.groups], np.int32), union)
         bins, bits = len(plan.groups) * RADIX_BINS, self.count_bits(plan)
 
         def histogram(counts: Array, name: str) -> Array:  # every owner's counts, summed
@@ -146,8 +146,8 @@ class Sparse(Exchange):
         sel, est = ops.take(out_idx, keep), ops.take(out_vals, keep)
         nominated, first = [], 0
         for grp in plan.groups:
-            nominated.append(Candidates(ops.slice(sel, first, grp.candidates), ops.slice(est, first, grp.candidates)))
-            first += grp.candidates
+            nominated.append(Nominees(ops.slice(sel, first, grp.nominated), ops.slice(est, first, grp.nominated)))
+            first += grp.nominated
         sent = None
         if compact:  # what this rank gave, less what rounding took from the sums it owns (kept in its residual)
             lost = (exact_sums - sums) * (comm.size if comm.averages else 1)

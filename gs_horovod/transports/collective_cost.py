@@ -1,5 +1,6 @@
-"""Bytes on the wire, one function per collective algorithm, written once: what every
-method's byte count, the equal-bytes comparisons and the cost model use.
+"""The collective cost model: bytes on the wire, one function per collective algorithm, written
+once: what every method's byte count, the equal-bytes comparisons and the step-time model
+(``scripts/bench/cost_model.py``) use. (Not the pair codec that ``wire=`` chooses.)
 
 A collective is a ``(kind, n)`` pair, n = the payload bytes one rank contributes:
 

@@ -11,8 +11,8 @@ import torch
 from gs_horovod.kernels import pair_format, torch_ops, torch_pairs
 from gs_horovod.kernels.hashing import hash_keys
 from gs_horovod.kernels.torch_ops import TorchOps
+from gs_horovod.transports.collective_cost import Collective
 from gs_horovod.transports.protocol import Collectives, gather, pairwise
-from gs_horovod.transports.wire import Collective
 
 from .reducer import Reducer, Span
 
