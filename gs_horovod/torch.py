@@ -134,7 +134,7 @@ class GsSketch(GsSketchBase, Compressor):
         grad = tensor.detach().reshape(-1)
         state.record(name, grad.float())
         flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
-        if state.early and self.merge == "horovod":  # the flag in float16: an abort (65536) reads as inf
+        if state.early and self.transport == "horovod":  # the flag in float16: an abort (65536) reads as inf
             return torch.cat([flag.half(), grad.half()]), _Ctx(state, name, tensor.shape, tensor.dtype, True)
         return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 

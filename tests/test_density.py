@@ -256,6 +256,7 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"
 
 
+@pytest.mark.slow
 def test_horovod_hands_dense_steps_to_its_own_allreduce_in_float16_as_backward_produces_them(adapter_ranks):
     """At the DENSE level with zero residuals GsSketch's compress returns the flag and the
     gradient in float16 (Horovod's allreduce overlaps backward, as with Compression.fp16), and
@@ -272,6 +273,7 @@ def test_horovod_hands_dense_steps_to_its_own_allreduce_in_float16_as_backward_p
         assert tight["handed"][0] == loose["handed"][0]  # dense until the first decision
 
 
+@pytest.mark.slow
 def test_ddp_allreduces_each_bucket_in_float16_as_it_arrives_while_the_step_is_dense(adapter_ranks):
     """GsState's hook at the DENSE level with zero residuals: one float16 allreduce per bucket
     (issued by that bucket's hook, overlapping backward), no engine allreduce of the whole

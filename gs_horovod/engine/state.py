@@ -173,7 +173,7 @@ class EngineState:
         self.means[name] = mean
         if len(self.means) < len(self.grads):
             return None
-        config, comm, ops = self.engine.config, self.engine.comm, self.ops
+        config, comm, ops = self.sgd.config, self.sgd.comm, self.ops
         like = next(iter(self.grads.values()))
         named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
         self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=DENSE),
@@ -182,7 +182,7 @@ class EngineState:
         begun = self._recorded
         with ops.own_threads():
             mean = ops.concat([ops.cast(self.means[n], "float32") for n in plan.all_names])
-            result = self.engine.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
+            result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
         self.updates = {}
         return self._store(plan, named, result, ended, begun, begun)
@@ -219,7 +219,7 @@ class EngineState:
         ``ended`` to ``begun``, exchange from ``started`` to now) and, at a window's end, its next
         level (decided now, so that the next step's first record knows it); the counts; the new
         state unless the step was skipped. Returns each tensor's update, a view of the flat one."""
-        config, density, ops = self.engine.config, self.density, self.ops
+        config, density, ops = self.sgd.config, self.density, self.ops
         warm = self.steps < config.warmup_steps
         self.checked = True
         if density is not None:
