@@ -8,6 +8,7 @@ from typing import Any, Callable, ContextManager, Optional, Protocol
 import numpy as np
 
 Array = Any  # a framework's tensor: torch.Tensor, tf.Tensor, ...
+MessageCodec = Any  # a gs_horovod.codecs.base.MessageCodec: a wire format's kernels on each backend
 
 
 class ArrayOps(Protocol):
@@ -103,21 +104,20 @@ class ArrayOps(Protocol):
     def unpairs(self, buf: Array) -> tuple[Array, Array]:
         """(idx (n,) int64, vals (n,) f32) of buf (2n,) f32, concatenated :meth:`pairs`."""
 
-    def wire_rounded(self, vals: Array, wire: str) -> Array:
-        """vals (n,) f32 as a message of the compact pair format ``wire`` carries them
-        (:func:`.kernels.pair_format.rounded`: bfloat16, or E4M3 at the scale of their largest), as f32."""
+    def wire_rounded(self, vals: Array, codec: MessageCodec) -> Array:
+        """vals (n,) f32 as one message of ``codec`` carries them, as f32 (its ``rounded_*``
+        kernel on this framework's backend)."""
 
     def pack_pairs(self, idx: Array, vals: Array, counts: Array, universe: int, low: int,
-                   wire: str) -> tuple[Array, Array]:
+                   codec: MessageCodec) -> tuple[Array, Array]:
         """Consecutive runs of counts (M,) pairs of idx (n,) int64 (each run sorted, distinct, in
-        [0, universe)) and vals (n,) f32, each a message of the compact format ``wire`` with
-        ``low`` low bits (:func:`.kernels.pair_format.encode`): (the messages (m,) uint8, the
-        bytes of each (M,) int32)."""
+        [0, universe)) and vals (n,) f32, each a message of ``codec`` with layout ``low`` (its
+        ``encode_*`` kernel): (the messages (m,) uint8, the bytes of each (M,) int32)."""
 
     def unpack_pairs(self, buf: Array, messages: int, universe: int, low: int,
-                     wire: str) -> tuple[Array, Array, Array]:
+                     codec: MessageCodec) -> tuple[Array, Array, Array]:
         """(idx (n,) int64, vals (n,) f32, the pairs of each message (messages,) int32) of
-        ``messages`` messages of the compact format ``wire`` laid end to end in buf (uint8)."""
+        ``messages`` messages of ``codec`` laid end to end in buf (uint8)."""
 
     def take_sorted(self, keys: Array, vals: Array, x: Array) -> Array:
         """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent."""

@@ -10,7 +10,7 @@ import torch
 from conftest import horovodrun
 
 from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
-from gs_horovod.kernels import torch_pairs
+from gs_horovod.codecs import CODECS
 from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
 
@@ -210,11 +210,11 @@ def test_gtopk_with_compact_pairs_merges_the_values_as_they_travel_and_sends_und
     ranks = run(P, lambda: GTopK(ratio=0.01, wire="compact"), steps=1)
     ex = ranks[0]["ex"]
     k = ex.spans([math.prod(s) for s in SHAPES if math.prod(s) >= ex.min_size])[0].k
-    expected = dense_gtopk([r["accs"][0] for r in ranks], k, torch_pairs.rounded)
+    expected = dense_gtopk([r["accs"][0] for r in ranks], k, CODECS["compact"].rounded_torch)
     torch.testing.assert_close(big_update(ex, ranks[0]["updates"][0]), expected, rtol=0, atol=1e-6)
     for r in ranks:
         left = r["accs"][0] != r["residual"]
-        assert torch.equal(r["residual"][left], (r["accs"][0] - torch_pairs.rounded(r["accs"][0]))[left])
+        assert torch.equal(r["residual"][left], (r["accs"][0] - CODECS["compact"].rounded_torch(r["accs"][0]))[left])
     fp32 = GTopK(ratio=0.01).planned(SHAPES, P)
     compact = ex.planned(SHAPES, P)
     pairs = [(c, f) for c, f in zip(compact, fp32) if c[0] == "pairwise"]

@@ -1,6 +1,6 @@
-"""The compact wire format for (index, value) pairs (gs_horovod/kernels/pair_format.py): round
-trips, sizes, the values it cannot carry as they are, the torch and Numba kernels against the
-NumPy reference byte for byte, and what the engine keeps in the residuals when it rounds."""
+"""The wire formats for (index, value) pairs (gs_horovod/codecs/): round trips, sizes, the values
+they cannot carry as they are, each codec's torch and Numba kernels against its NumPy reference
+byte for byte, and what the engine keeps in the residuals when it rounds."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from gs_horovod.codecs import CODECS, MessageCodec
+from gs_horovod.codecs.compact import BF16_MAX
+from gs_horovod.codecs.compact8 import SCALE_BYTES
+from gs_horovod.codecs.elias_fano import HEADER
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
-from gs_horovod.kernels import numba_pairs, torch_pairs
-from gs_horovod.kernels import pair_format as pf
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.simulated import SimulatedRanks
 
@@ -32,33 +34,40 @@ def message_sets() -> list[tuple[int, list[np.ndarray]]]:
     ]
 
 
-@pytest.mark.parametrize("wire", pf.PAIR_WIRES)
+COMPACT, COMPACT8 = CODECS["compact"], CODECS["compact8"]
+MESSAGE_WIRES = [name for name, codec in CODECS.items() if isinstance(codec, MessageCodec)]  # byte messages
+
+
+@pytest.mark.parametrize("wire", MESSAGE_WIRES)
 @pytest.mark.parametrize("universe,messages", message_sets(), ids=lambda x: str(x) if isinstance(x, int) else None)
 def test_round_trip_and_sizes(universe, messages, wire):
+    codec = CODECS[wire]
+    if not codec.holds(universe):
+        pytest.skip(f"wire={wire!r} holds fewer than {universe} coordinates")
     idx = np.concatenate(messages).astype(np.int64)
     rng = np.random.default_rng(1)  # magnitudes over 2^-20 .. 2^20: messages with different scales
     vals = (rng.standard_normal(idx.size) * 2.0 ** rng.integers(-20, 20, idx.size)).astype(np.float32)
     counts = np.array([m.size for m in messages], np.int32)
-    low = pf.low_bits(max(1, idx.size // len(messages)), universe)
-    buf, sizes = pf.encode(idx, vals, counts, universe, low, wire)
-    assert buf.dtype == np.uint8 and sizes.tolist() == [pf.message_bytes(n, universe, low, wire) for n in counts]
+    low = codec.layout(max(1, idx.size // len(messages)), universe)
+    buf, sizes = codec.encode(idx, vals, counts, universe, low)
+    assert buf.dtype == np.uint8 and sizes.tolist() == [codec.message_bytes(n, universe, low) for n in counts]
     assert buf.size == sizes.sum()
-    got_idx, got_vals, got_counts = pf.decode(buf, universe, low, wire)
+    got_idx, got_vals, got_counts = codec.decode(buf, universe, low)
     first = np.cumsum(counts) - counts  # each message's values as it rounds them, at its own scale
-    want = np.concatenate([pf.rounded(vals[f:f + n], wire) for f, n in zip(first, counts)])
+    want = np.concatenate([codec.rounded_numpy(vals[f:f + n]) for f, n in zip(first, counts)])
     assert np.array_equal(got_idx, idx) and np.array_equal(got_vals, want)
     assert got_counts.tolist() == counts.tolist()
     # the torch kernels write the same bytes and read them back alike
-    t_buf, t_sizes = torch_pairs.encode(torch.from_numpy(idx), torch.from_numpy(vals), torch.from_numpy(counts),
-                                        universe, low, wire)
+    t_buf, t_sizes = codec.encode_torch(torch.from_numpy(idx), torch.from_numpy(vals), torch.from_numpy(counts),
+                                        universe, low)
     assert np.array_equal(t_buf.numpy(), buf) and t_sizes.tolist() == sizes.tolist()
-    t_idx, t_vals, t_counts = torch_pairs.decode(torch.from_numpy(buf), universe, low, wire)
+    t_idx, t_vals, t_counts = codec.decode_torch(torch.from_numpy(buf), universe, low)
     assert np.array_equal(t_idx.numpy(), idx) and np.array_equal(t_vals.numpy(), got_vals)
     assert t_counts.tolist() == counts.tolist()
     # ... and so do Numba's (what the CPU engine and TensorFlow run)
-    n_buf, n_sizes = numba_pairs.encode(idx, vals, counts, universe, low, wire)
+    n_buf, n_sizes = codec.encode_numba(idx, vals, counts, universe, low)
     assert np.array_equal(n_buf, buf) and n_sizes.tolist() == sizes.tolist()
-    n_idx, n_vals, n_counts = numba_pairs.decode(buf, universe, low, wire)
+    n_idx, n_vals, n_counts = codec.decode_numba(buf, universe, low)
     assert np.array_equal(n_idx, idx) and np.array_equal(n_vals, got_vals) and n_counts.tolist() == counts.tolist()
 
 
@@ -66,49 +75,49 @@ def test_numba_writes_the_reference_bytes_for_values_16_bits_cannot_hold_and_ref
     vals = np.array([3.4e38, -3.4e38, 1e-42, np.nan, -np.nan, np.inf, -np.inf, -0.0, 1.0 + 2**-8, 3.3e38],
                     np.float32)
     idx, counts = np.arange(vals.size), np.array([vals.size])
-    buf, _ = numba_pairs.encode(idx, vals, counts, 64, 2)
-    assert np.array_equal(buf, pf.encode(idx, vals, counts, 64, 2)[0])
+    buf, _ = COMPACT.encode_numba(idx, vals, counts, 64, 2)
+    assert np.array_equal(buf, COMPACT.encode(idx, vals, counts, 64, 2)[0])
     for broken in (buf[:-1], buf[:3], np.concatenate([buf, buf[:2]])):
         with pytest.raises(ValueError, match="runs past the end"):
-            numba_pairs.decode(broken, 64, 2)
+            COMPACT.decode_numba(broken, 64, 2)
     for bad_idx in (np.array([3, 2]), np.array([2, 2]), np.array([0, 64]), np.array([-1, 3])):
         with pytest.raises(ValueError, match="not ascending, distinct and in"):
-            numba_pairs.encode(bad_idx, vals[:2], np.array([2]), 64, 2)
+            COMPACT.encode_numba(bad_idx, vals[:2], np.array([2]), 64, 2)
     with pytest.raises(ValueError, match="indices and"):
-        numba_pairs.encode(idx, vals, np.array([3]), 64, 2)
+        COMPACT.encode_numba(idx, vals, np.array([3]), 64, 2)
     wrong = buf.copy()
-    wrong[pf.HEADER + (vals.size * 2 + 7) // 8] ^= 0xFF  # the first byte of the high bits
+    wrong[HEADER + (vals.size * 2 + 7) // 8] ^= 0xFF  # the first byte of the high bits
     with pytest.raises(ValueError, match="high bits disagree"):
-        numba_pairs.decode(wrong, 64, 2)
+        COMPACT.decode_numba(wrong, 64, 2)
 
 
 def test_an_index_costs_about_2_plus_log2_of_the_gap():
     # n = U/1000: l = 9 low bits, about 2 + 9 + 1 high bits: 28 bits a pair with a bfloat16
     # value, 20 with an E4M3 one (and 2 bytes of scale a message)
-    low = pf.low_bits(1000, 1_000_000)
+    low = COMPACT.layout(1000, 1_000_000)
     assert low == 9
-    assert 8 * (pf.message_bytes(1000, 1_000_000, low) - pf.HEADER) / 1000 < 28.1
-    assert 8 * (pf.message_bytes(1000, 1_000_000, low, "compact8") - pf.HEADER - pf.SCALE_BYTES) / 1000 < 20.1
-    assert pf.message_bytes(0, 10, 3) == pf.HEADER
-    assert pf.message_bytes(0, 10, 3, "compact8") == pf.HEADER + pf.SCALE_BYTES
+    assert 8 * (COMPACT.message_bytes(1000, 1_000_000, low) - HEADER) / 1000 < 28.1
+    assert 8 * (COMPACT8.message_bytes(1000, 1_000_000, low) - HEADER - SCALE_BYTES) / 1000 < 20.1
+    assert COMPACT.message_bytes(0, 10, 3) == HEADER
+    assert COMPACT8.message_bytes(0, 10, 3) == HEADER + SCALE_BYTES
 
 
 def test_values_beyond_bfloat16_are_clamped_or_flushed_and_nan_inf_survive():
     vals = np.array([3.4e38, -3.4e38, 1e-42, np.nan, np.inf, -np.inf, -0.0, 1.0 + 2**-8], np.float32)
-    got = pf.rounded(vals)
-    assert got[0] == pf.BF16_MAX and got[1] == -pf.BF16_MAX  # finite stays finite
+    got = COMPACT.rounded_numpy(vals)
+    assert got[0] == BF16_MAX and got[1] == -BF16_MAX  # finite stays finite
     assert got[2] == 0.0  # below bfloat16's smallest subnormal
     assert np.isnan(got[3]) and got[4] == np.inf and got[5] == -np.inf
     assert got[7] == 1.0  # halfway between 1 and 1 + 2^-7: to the even one
-    assert np.array_equal(torch_pairs.rounded(torch.from_numpy(vals)).numpy(), got, equal_nan=True)
-    assert np.array_equal(numba_pairs.rounded(vals, "compact"), got, equal_nan=True)
+    assert np.array_equal(COMPACT.rounded_torch(torch.from_numpy(vals)).numpy(), got, equal_nan=True)
+    assert np.array_equal(COMPACT.rounded_numba(vals), got, equal_nan=True)
     # NaN survives a round trip through a message
-    buf, _ = pf.encode(np.array([1, 2, 3]), vals[3:6], np.array([3]), 10, 1)
-    _, back, _ = torch_pairs.decode(torch.from_numpy(buf), 10, 1)
+    buf, _ = COMPACT.encode(np.array([1, 2, 3]), vals[3:6], np.array([3]), 10, 1)
+    _, back, _ = COMPACT.decode_torch(torch.from_numpy(buf), 10, 1)
     assert back.isnan()[0] and back[1] == float("inf") and back[2] == float("-inf")
     # relative rounding error of a finite value in bfloat16's normal range: at most 2^-8 (8 bits)
     x = np.random.default_rng(2).standard_normal(10_000).astype(np.float32) * 1e3
-    assert np.max(np.abs(pf.rounded(x) - x) / np.abs(x)) <= 2**-8
+    assert np.max(np.abs(COMPACT.rounded_numpy(x) - x) / np.abs(x)) <= 2**-8
 
 
 def e4m3_cases() -> np.ndarray:
@@ -116,33 +125,32 @@ def e4m3_cases() -> np.ndarray:
 
 
 def test_e4m3_values_never_overflow_nan_inf_survive_and_the_error_is_bounded():
-    got = pf.rounded(e4m3_cases(), "compact8")
+    got = COMPACT8.rounded_numpy(e4m3_cases())
     assert np.isfinite(got[[0, 1, 2, 6, 7, 8, 9]]).all()  # finite stays finite, even ±FLT_MAX
     assert abs(got[0] - 3.4e38) <= 3.4e38 * 2**-4 and got[1] == -got[0]
     assert np.isnan(got[3]) and got[4] == np.inf and got[5] == -np.inf
     assert got[6] == 0 and got[8] == 0  # below 2^-18.8 of the message's largest: flushed to zero
-    assert np.array_equal(torch_pairs.rounded(torch.from_numpy(e4m3_cases()), "compact8").numpy(), got,
+    assert np.array_equal(COMPACT8.rounded_torch(torch.from_numpy(e4m3_cases())).numpy(), got,
                           equal_nan=True)
-    assert np.array_equal(numba_pairs.rounded(e4m3_cases(), "compact8"), got, equal_nan=True)
+    assert np.array_equal(COMPACT8.rounded_numba(e4m3_cases()), got, equal_nan=True)
     # a message of its own: its scale maps its largest into (224, 448], so 1.0 and 2^-10 survive
-    assert pf.rounded(np.array([1.0, 2.0**-10], np.float32), "compact8").tolist() == [1.0, 2.0**-10]
-    assert pf.rounded(np.array([1.0, 2.0**-18], np.float32), "compact8").tolist() == [1.0, 0.0]
+    assert COMPACT8.rounded_numpy(np.array([1.0, 2.0**-10], np.float32)).tolist() == [1.0, 2.0**-10]
+    assert COMPACT8.rounded_numpy(np.array([1.0, 2.0**-18], np.float32)).tolist() == [1.0, 0.0]
     # relative error at most 2^-4 (3 mantissa bits, to nearest) within 2^-13 of the largest;
     # ties to even: 1 + 2^-4 is halfway between 1 and 1 + 2^-3
     x = np.random.default_rng(3).standard_normal(10_000).astype(np.float32) * 2.0**40
     x[0] = 2.0**40 * 225  # the largest just above 224 once scaled: the fewest normal binades below it
     kept = np.abs(x) >= np.abs(x).max() * 2.0**-13
-    assert np.max(np.abs(pf.rounded(x, "compact8") - x)[kept] / np.abs(x[kept])) <= 2**-4
+    assert np.max(np.abs(COMPACT8.rounded_numpy(x) - x)[kept] / np.abs(x[kept])) <= 2**-4
     for scale in (2.0**-130, 1.0, 2.0**80):  # Numba's and torch's codes, the reference's bits at any scale
         y = (x * scale).astype(np.float32)
-        assert np.array_equal(numba_pairs.rounded(y, "compact8"), pf.rounded(y, "compact8"))
-        assert np.array_equal(torch_pairs.rounded(torch.from_numpy(y), "compact8").numpy(), pf.rounded(y, "compact8"))
-    assert pf.rounded(np.array([448.0, 1.0 + 2**-4, 1.0 + 3 * 2**-4], np.float32), "compact8").tolist() == \
+        assert np.array_equal(COMPACT8.rounded_numba(y), COMPACT8.rounded_numpy(y))
+        assert np.array_equal(COMPACT8.rounded_torch(torch.from_numpy(y)).numpy(), COMPACT8.rounded_numpy(y))
+    assert COMPACT8.rounded_numpy(np.array([448.0, 1.0 + 2**-4, 1.0 + 3 * 2**-4], np.float32)).tolist() == \
         [448.0, 1.0, 1.25]
     # NaN and ±Inf leave the scale to the finite values and survive a message
-    buf, _ = pf.encode(np.arange(4), np.array([np.nan, 1.0, np.inf, -np.inf], np.float32), np.array([4]), 10, 1,
-                       "compact8")
-    back = torch_pairs.decode(torch.from_numpy(buf), 10, 1, "compact8")[1]
+    buf, _ = COMPACT8.encode(np.arange(4), np.array([np.nan, 1.0, np.inf, -np.inf], np.float32), np.array([4]), 10, 1)
+    back = COMPACT8.decode_torch(torch.from_numpy(buf), 10, 1)[1]
     assert back.isnan()[0] and back[1] == 1.0 and back[2] == float("inf") and back[3] == float("-inf")
 
 
@@ -150,14 +158,14 @@ def test_e4m3_refuses_per_layer_scope_and_scales_no_encoder_writes():
     # one scale for every layer: under scope="layer" a quiet layer's top k would all flush
     with pytest.raises(ValueError, match="wire='compact8' scales each message.*scope='layer'"):
         GsConfig(wire="compact8", scope="layer")
-    buf, _ = pf.encode(np.arange(3), np.array([1.0, 2.0, 3.0], np.float32), np.array([3]), 8, 1, "compact8")
-    at = pf.HEADER + 1 + 1  # the scale's two bytes: after the header, 3 low bits and the high bits
-    assert pf.decode(buf, 8, 1, "compact8")[1].tolist() == [1.0, 2.0, 3.0]
+    buf, _ = COMPACT8.encode(np.arange(3), np.array([1.0, 2.0, 3.0], np.float32), np.array([3]), 8, 1)
+    at = HEADER + 1 + 1  # the scale's two bytes: after the header, 3 low bits and the high bits
+    assert COMPACT8.decode(buf, 8, 1)[1].tolist() == [1.0, 2.0, 3.0]
     for e in (-118, 121, -32768):
         bad = buf.copy()
         bad[at:at + 2] = np.array([e], "<i2").view(np.uint8)
-        for decode in (lambda b: pf.decode(b, 8, 1, "compact8"), lambda b: numba_pairs.decode(b, 8, 1, "compact8"),
-                       lambda b: torch_pairs.decode(torch.from_numpy(b), 8, 1, "compact8")):
+        for decode in (lambda b: COMPACT8.decode(b, 8, 1), lambda b: COMPACT8.decode_numba(b, 8, 1),
+                       lambda b: COMPACT8.decode_torch(torch.from_numpy(b), 8, 1)):
             with pytest.raises(ValueError, match="scale exponent is outside"):
                 decode(bad)
 
@@ -168,11 +176,11 @@ def test_e4m3_rounding_travels_unchanged_in_any_subset_of_the_rounded_set():
     # message carries those rounded values bit for bit
     rng = np.random.default_rng(4)
     x = (rng.standard_normal(5000) * 10.0 ** rng.uniform(-3, 1, 5000)).astype(np.float32)
-    r = pf.rounded(x, "compact8")
+    r = COMPACT8.rounded_numpy(x)
     for part in (np.arange(0, 5000, 7), np.argsort(-np.abs(x))[200:400], np.argsort(np.abs(x))[:50]):
         part = np.sort(part)
-        buf, _ = pf.encode(part, r[part], np.array([part.size]), 5000, 3, "compact8")
-        assert np.array_equal(pf.decode(buf, 5000, 3, "compact8")[1], r[part])
+        buf, _ = COMPACT8.encode(part, r[part], np.array([part.size]), 5000, 3)
+        assert np.array_equal(COMPACT8.decode(buf, 5000, 3)[1], r[part])
 
 
 def test_a_vector_of_2_to_the_31_coordinates_runs_the_exact_exchanges_compact_only():
@@ -187,7 +195,7 @@ def test_a_vector_of_2_to_the_31_coordinates_runs_the_exact_exchanges_compact_on
         Plan.build(["w"], [big], GsConfig(ratio=1e-6, exchange="sparse", wire="fp32"), ranks=4)
 
 
-@pytest.mark.parametrize("wire", ["compact", "compact8"])
+@pytest.mark.parametrize("wire", [name for name, codec in CODECS.items() if not codec.lossless])
 @pytest.mark.parametrize("exchange", ["allgather", "sparse"])
 @pytest.mark.parametrize("P", [2, 3, 4])
 def test_rounding_is_kept_in_the_residuals(exchange, P, wire):

@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from gs_horovod.kernels import pair_format, torch_ops, torch_pairs
+from gs_horovod.codecs import CODECS
+from gs_horovod.kernels import torch_ops
 from gs_horovod.kernels.hashing import hash_keys
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.collective_cost import Collective
@@ -58,7 +59,7 @@ class GTopK(Reducer):
 
     ``wire="compact"`` (not the authors' format: a labelled variant, to tell what the encoding
     alone buys) sends each round's set in the engine's compact pair format
-    (:mod:`gs_horovod.kernels.pair_format`: Elias–Fano indices, bfloat16 values), one message
+    (:mod:`gs_horovod.codecs.compact`: Elias–Fano indices, bfloat16 values), one message
     of every span's pairs; both partners sum the values as they travel, so they still agree.
     A rank's own values are rounded before the first round and the rounding stays in its
     residual; the rounding of later rounds' sums is lost (kept by no rank)."""
@@ -77,10 +78,11 @@ class GTopK(Reducer):
         """The partner's (indices (n,) int64, values (n,) f32) for ours, in this reducer's wire format."""
         n = len(idx)
         if self.wire == "compact":  # the engine's codec and its dispatch (Numba on the CPU)
-            ops, low = TorchOps(self.backend), pair_format.low_bits(n, D)
-            buf, _ = ops.pack_pairs(idx, vals, torch.tensor([n]), D, low, self.wire)
+            ops, codec = TorchOps(self.backend), CODECS[self.wire]
+            low = codec.layout(n, D)
+            buf, _ = ops.pack_pairs(idx, vals, torch.tensor([n]), D, low, codec)
             theirs = pairwise(comm, buf, comm.rank ^ mask, f"gtopk.{mask}")
-            their_idx, their_vals, _ = ops.unpack_pairs(theirs, 1, D, low, self.wire)
+            their_idx, their_vals, _ = ops.unpack_pairs(theirs, 1, D, low, codec)
             return their_idx, their_vals
         theirs = pairwise(comm, torch.cat([idx.to(torch.int32), vals.view(torch.int32)]), comm.rank ^ mask,
                           f"gtopk.{mask}")
@@ -117,12 +119,12 @@ class GTopK(Reducer):
         return mine[kept], sent[kept]
 
     def _rounded(self, vals: torch.Tensor) -> torch.Tensor:
-        return torch_pairs.rounded(vals) if self.wire == "compact" else vals
+        return CODECS[self.wire].rounded_torch(vals) if self.wire == "compact" else vals
 
     def _planned(self, shapes: list[tuple[int, ...]], ranks: int) -> list[Collective]:
         D = sum(math.prod(x) for x in shapes)
         k = sum(s.k for s in self.spans([math.prod(x) for x in shapes]))
-        size = (pair_format.message_bytes(k, D, pair_format.low_bits(k, D)) if self.wire == "compact" else 8.0 * k)
+        size = CODECS[self.wire].planned_bytes(k, 1, D) if self.wire == "compact" else 8.0 * k
         return [("pairwise", float(size))] * int(math.log2(ranks))
 
 

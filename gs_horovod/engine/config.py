@@ -8,6 +8,7 @@ import zlib
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
+from ..codecs import CODECS, PairCodec
 from ..kernels import BACKENDS
 from ..kernels.hashing import HASH_VERSION, MAX_COLS, MAX_ROWS
 from .density import DEFAULT_BUDGET
@@ -17,7 +18,6 @@ NONFINITE = ("raise", "skip")
 APPLY = ("topk", "all")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
-WIRES = ("fp32", "compact", "compact8")
 STATIC_RATIO = 0.01  # what ratio="auto" sends where the step is not measured (TensorFlow)
 
 
@@ -79,13 +79,14 @@ class GsConfig:
     sketch_dtype: "float16" halves the sketch's bytes on the wire; "float32".
     wire: how the exchanges that send (index, value) pairs encode them: "fp32" (an int32 index
         and a float32 value, 8 bytes a pair; a vector of fewer than 2^31 coordinates) or
-        "compact" (Elias–Fano indices and bfloat16 values, :mod:`gs_horovod.kernels.pair_format`:
+        "compact" (Elias–Fano indices and bfloat16 values, :mod:`gs_horovod.codecs.compact`:
         about 3.5 bytes a pair at k = D/1000, any vector length; what rounding takes from a
         rank's value stays in its residual, and an owner keeps what rounding its sum lost) or
         "compact8" (the same indices, values in 8-bit E4M3 with one power-of-two scale a
         message: about 2.5 bytes a pair at k = D/1000; relative rounding error at most 2^-4 for
         values within 2^-13 of the message's largest, smaller ones flushed towards zero, the
-        rounding kept in the residuals; scope="global" only).
+        rounding kept in the residuals; scope="global" only). Every name in
+        :data:`gs_horovod.codecs.CODECS`.
     seed: hash seed; must be equal on every rank.
     exact: run the second, (m·k)-sized allreduce for the exact values of the candidates. None:
         the exchange's own (True for the sketch, False for the allgather and the sparse exchange,
@@ -142,10 +143,10 @@ class GsConfig:
         check_number("candidates", self.candidates, int, 1, 1024)
         check_number("prefilter", self.prefilter, int, 0, 1024)
         check_choice("sketch_dtype", self.sketch_dtype, SKETCH_DTYPES)
-        check_choice("wire", self.wire, WIRES)
-        if self.wire == "compact8" and self.scope == "layer":
-            raise ValueError("wire='compact8' scales each message by its largest value, one scale for every layer, "
-                             "so a layer about 2^18 quieter than the loudest would only ever send zeros under "
+        check_choice("wire", self.wire, tuple(CODECS))
+        if CODECS[self.wire].one_scale and self.scope == "layer":
+            raise ValueError(f"wire={self.wire!r} scales each message by its largest value, one scale for every "
+                             "layer, so a layer far quieter than the loudest would only ever send zeros under "
                              "scope='layer'; use scope='global' (it selects by magnitude over all layers) or "
                              "wire='compact'")
         check_number("seed", self.seed, int, 0, 2**64 - 1)
@@ -192,6 +193,11 @@ class GsConfig:
         if self.apply is not None:
             return self.apply
         return EXCHANGES[exchange].default_apply(self.exact_for(exchange))
+
+    @property
+    def codec(self) -> PairCodec:
+        """The wire format ``wire`` names (:data:`gs_horovod.codecs.CODECS`)."""
+        return CODECS[self.wire]
 
     @property
     def adaptive(self) -> bool:

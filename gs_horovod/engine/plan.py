@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from ..codecs import CODECS
 from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig, check_choice
 from .density import DENSE
 from .exchanges import EXCHANGES
-from .exchanges.base import MAX_PAIR_COORDINATES
 from .payload import Payload, collectives_of
 
 ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (transport="mpi")
@@ -116,9 +116,11 @@ class Plan:
         def planned(exchange: str) -> Plan:
             chosen = groups
             if EXCHANGES[exchange].sends_pairs:
-                if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
-                    raise ValueError(f"exchange={exchange!r} with wire='fp32' sends int32 indices: {total} "
-                                     "coordinates is too many (wire='compact' and 'compact8' have no limit)")
+                if not config.codec.holds(total):
+                    unlimited = " and ".join(repr(name) for name, c in CODECS.items() if c.max_coordinates is None)
+                    raise ValueError(f"exchange={exchange!r} with wire={config.wire!r} sends indices below "
+                                     f"{config.codec.max_coordinates}: {total} coordinates is too many "
+                                     f"(wire={unlimited} have no limit)")
                 chosen = [replace(g, nominated=min(g.nominated, g.fed)) for g in groups]
             return cls(tuple(names), tuple(sizes), tuple(offsets), tuple(chosen), total, tuple(dense_names),
                        tuple(dense_sizes), exchange, config.exact_for(exchange), config.apply_for(exchange), ranks,
@@ -126,7 +128,7 @@ class Plan:
 
         if config.exchange != "auto":
             return planned(config.exchange)
-        if total >= MAX_PAIR_COORDINATES and config.wire == "fp32":
+        if not config.codec.holds(total):
             return planned("sketch")
         gather, sparse = planned("allgather"), planned("sparse")
         wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}

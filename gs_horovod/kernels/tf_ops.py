@@ -24,7 +24,7 @@ from typing import Any, Callable, ContextManager, Optional
 import numpy as np
 import tensorflow as tf
 
-from . import numba_pairs
+from ..array_ops import MessageCodec
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, to_int64
 
 _M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
@@ -207,20 +207,19 @@ class TfOps:
         both = tf.reshape(buf, [-1, 2])
         return tf.cast(tf.bitcast(both[:, 0], tf.int32), tf.int64), both[:, 1]
 
-    def wire_rounded(self, vals: tf.Tensor, wire: str) -> tf.Tensor:
-        return tf.ensure_shape(tf.numpy_function(lambda v: numba_pairs.rounded(v, wire), [vals], tf.float32,
-                                                 stateful=False), vals.shape)
+    def wire_rounded(self, vals: tf.Tensor, codec: MessageCodec) -> tf.Tensor:
+        return tf.ensure_shape(tf.numpy_function(codec.rounded_numba, [vals], tf.float32, stateful=False), vals.shape)
 
     def pack_pairs(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor, universe: int,
-                   low: int, wire: str) -> tuple[tf.Tensor, tf.Tensor]:
-        """Numba's codec (:mod:`.numba_pairs`, the reference's bytes) through ``tf.numpy_function``."""
-        buf, sizes = tf.numpy_function(lambda i, v, c: numba_pairs.encode(i, v, c, universe, low, wire),
+                   low: int, codec: MessageCodec) -> tuple[tf.Tensor, tf.Tensor]:
+        """The codec's Numba kernels (the reference's bytes) through ``tf.numpy_function``."""
+        buf, sizes = tf.numpy_function(lambda i, v, c: codec.encode_numba(i, v, c, universe, low),
                                        [idx, vals, counts], [tf.uint8, tf.int32], stateful=False)
         return tf.ensure_shape(buf, [None]), tf.ensure_shape(sizes, counts.shape)
 
     def unpack_pairs(self, buf: tf.Tensor, messages: int, universe: int,
-                     low: int, wire: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        idx, vals, counts = tf.numpy_function(lambda b: numba_pairs.decode(b, universe, low, wire), [buf],
+                     low: int, codec: MessageCodec) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        idx, vals, counts = tf.numpy_function(lambda b: codec.decode_numba(b, universe, low), [buf],
                                               [tf.int64, tf.float32, tf.int32], stateful=False)
         return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [messages])
 

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from .. import threads
-from . import BACKENDS, torch_pairs
+from ..array_ops import MessageCodec
+from . import BACKENDS
 from .hashing import M1, M2, M3, MASK32, NAN_KEY, first_threshold_rank, to_int64
 
 _DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -382,34 +383,27 @@ class TorchOps:
         both = buf.view(-1, 2)
         return both[:, 0].contiguous().view(torch.int32).long(), both[:, 1].contiguous()
 
-    def wire_rounded(self, vals: torch.Tensor, wire: str) -> torch.Tensor:
-        """Numba's on the CPU (backend "auto" or "numba"), the vectorised torch one elsewhere (same bits)."""
+    def wire_rounded(self, vals: torch.Tensor, codec: MessageCodec) -> torch.Tensor:
+        """The codec's Numba kernel on the CPU (backend "auto" or "numba"), its torch one elsewhere (same bits)."""
         if resolve(self.backend, vals.device) == "numba":
-            from . import numba_pairs
-
-            return torch.from_numpy(numba_pairs.rounded(vals.detach().numpy(), wire))
-        return torch_pairs.rounded(vals, wire)
+            return torch.from_numpy(codec.rounded_numba(vals.detach().numpy()))
+        return codec.rounded_torch(vals)
 
     def pack_pairs(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, universe: int,
-                   low: int, wire: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The compact messages: Numba's codec on the CPU (backend "auto" or "numba"), the
-        vectorised torch one elsewhere (same bytes)."""
+                   low: int, codec: MessageCodec) -> tuple[torch.Tensor, torch.Tensor]:
+        """The codec's Numba kernel on the CPU (backend "auto" or "numba"), its torch one elsewhere (same bytes)."""
         if resolve(self.backend, idx.device) == "numba":
-            from . import numba_pairs
-
-            buf, sizes = numba_pairs.encode(idx.contiguous().numpy(), vals.detach().contiguous().numpy(),
-                                             counts.contiguous().numpy(), universe, low, wire)
+            buf, sizes = codec.encode_numba(idx.contiguous().numpy(), vals.detach().contiguous().numpy(),
+                                            counts.contiguous().numpy(), universe, low)
             return torch.from_numpy(buf), torch.from_numpy(sizes)
-        return torch_pairs.encode(idx, vals, counts, universe, low, wire)
+        return codec.encode_torch(idx, vals, counts, universe, low)
 
     def unpack_pairs(self, buf: torch.Tensor, messages: int, universe: int,
-                     low: int, wire: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     low: int, codec: MessageCodec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if resolve(self.backend, buf.device) == "numba":
-            from . import numba_pairs
-
-            idx, vals, counts = map(torch.from_numpy, numba_pairs.decode(buf.contiguous().numpy(), universe, low, wire))
+            idx, vals, counts = map(torch.from_numpy, codec.decode_numba(buf.contiguous().numpy(), universe, low))
         else:
-            idx, vals, counts = torch_pairs.decode(buf, universe, low, wire)
+            idx, vals, counts = codec.decode_torch(buf, universe, low)
         if len(counts) != messages:
             raise ValueError(f"expected {messages} compact messages, read {len(counts)}")
         return idx, vals, counts

@@ -22,8 +22,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from gs_horovod.codecs import CODECS
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
-from gs_horovod.kernels.pair_format import rounded
 from gs_horovod.kernels.torch_ops import TorchOps
 
 COMPACT = ("compact", "compact8")  # the encoded pair wires
@@ -115,12 +115,12 @@ def reference(a: np.ndarray, k: int, small: np.ndarray, wire: str = "fp32") -> n
     sums, fed = np.zeros(D, np.float32), np.zeros(D, bool)
     for r in range(P):
         mine = top(a[r], k)
-        sums[mine] = sums[mine] + (rounded(a[r, mine], wire) if compact else a[r, mine])
+        sums[mine] = sums[mine] + (CODECS[wire].rounded_numpy(a[r, mine]) if compact else a[r, mine])
         fed[mine] = True
     union = np.flatnonzero(fed)
     means = sums[union] / np.float32(P)
     if compact:
-        means = rounded(means, wire)
+        means = CODECS[wire].rounded_numpy(means)
     update = np.zeros(D, np.float32)
     best = top(means, k)
     update[union[best]] = means[best]

@@ -27,7 +27,7 @@ class Nominated(NamedTuple):
     """What an exchange returns: ``groups``, one :class:`Nominees` per plan group; ``finite``,
     a predicate, false when a merged payload held NaN/Inf (the same on every rank); ``sent``:
     what this rank gave to each candidate (m·k,) f32, the groups' candidates laid end to end,
-    when it is not simply a at the candidates it fed (the compact wire rounds what it sends),
+    when it is not simply a at the candidates it fed (a wire format that rounds what it sends),
     else None; ``routed`` / ``gathered``: the bytes this rank handed to an alltoall / an
     allgather of data-dependent size, counted by the adapters (0 where the plan fixes them)."""
 
@@ -41,11 +41,11 @@ class Nominated(NamedTuple):
 class Exchange:
     """How the ranks agree on each group's candidates from every rank's error-fed vector a.
 
-    ``name``: the ``exchange=`` option; ``sends_pairs``: it sends (int32 index, f32 value)
-    pairs of the pre-filtered sets, so every rank computes them, a group nominates at most
-    what it feeds, and a vector of 2^31 coordinates or more cannot be sent
-    (:data:`MAX_PAIR_COORDINATES`); ``exact_by_default``: whether the exact round runs unless
-    the options say otherwise."""
+    ``name``: the ``exchange=`` option; ``sends_pairs``: it sends (index, value) pairs of the
+    pre-filtered sets in the wire format (:mod:`gs_horovod.codecs`), so every rank computes
+    them, a group nominates at most what it feeds, and a vector of the format's
+    ``max_coordinates`` or more cannot be sent; ``exact_by_default``: whether the exact round
+    runs unless the options say otherwise."""
 
     name: str
     sends_pairs: bool = False
@@ -65,10 +65,6 @@ class Exchange:
         """Each group's candidates from a (D,) f32 and ``fed``, each group's pre-filtered
         indices (L·k,) int64 in the step's vector (empty: no pre-filter, every coordinate)."""
         raise NotImplementedError
-
-
-MAX_PAIR_COORDINATES = 2**31
-"""Exchanges that send pairs with ``wire="fp32"`` carry int32 indices: a step's vector must be shorter."""
 
 
 def union_sum(sgd: GsSgd, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:

@@ -14,19 +14,14 @@ bit for bit, with wire bytes flat in P.
    the best ``ties`` of all prefix-t pairs: the same m·k coordinates everywhere. A pair above
    t lies in every rank's selection, so NaN/Inf anywhere in the sums reaches every rank.
 
-Payload: the L·k pairs of each group into the alltoall, 2 × 256 counts per group (b bits
-each, ⌊63/b⌋ to an int64 word: 2 × 512 bytes a group while a group's union has fewer than 2^15
-coordinates, 2 × 2 KiB at most), and this rank's share of the m·k selected pairs (planned: an
-even share). With ``wire="fp32"`` 8 bytes a pair, about 32(P−1)/P·L·k bytes through a rank
-plus the histograms' 4(P−1)/P · their bytes. With
-``wire="compact"`` or ``"compact8"`` each destination's pairs are one compact message
-(:mod:`~gs_horovod.kernels.pair_format`, l from a destination's expected share), the owners
-select on their sums rounded as they will travel (``"compact8"``: at the scale of the owner's
-largest sum), and each owner keeps in its residual what rounding took from the sums it had
-applied: P·(s − s̃) (s − s̃ when the transport sums), so nothing is lost over steps. E4M3's 3
-mantissa bits make ties at the threshold's prefix common, and each owner sends up to the
-missing count of them: the gathered bytes can run well over the plan's even share (measured
-in docs/design.md, "The wire format for pairs").
+Payload: the L·k pairs of each group into the alltoall, each destination's as one message of
+the wire format (:mod:`gs_horovod.codecs`, laid out for an even share); 2 × 256 counts per
+group (b bits each, ⌊63/b⌋ to an int64 word: 2 × 512 bytes a group while a group's union has
+fewer than 2^15 coordinates, 2 × 2 KiB at most); and this rank's share of the m·k selected
+pairs as one message (planned: an even share; ties at the threshold's prefix can take more).
+Where the format rounds, the owners select on their sums rounded as they will travel, and each
+owner keeps in its residual what rounding took from the sums it had applied: P·(s − s̃) (s − s̃
+when the transport sums), so nothing is lost over steps.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from ...array_ops import Array
-from ...kernels.pair_format import low_bits, message_bytes
 from ..payload import Payload
 from .base import Exchange, Nominated, Nominees, union_sum
 
@@ -60,11 +54,9 @@ class Sparse(Exchange):
         select = 2 * 8 * -(-RADIX_BINS * len(plan.groups) // (63 // self.count_bits(plan)))
         if measured is not None:
             routed, gathered = measured
-        elif config.wire != "fp32":
-            routed = P * message_bytes(math.ceil(fed / P), plan.total, self.routed_low(plan), config.wire)
-            gathered = message_bytes(math.ceil(chosen / P), plan.total, self.gathered_low(plan), config.wire)
         else:
-            routed, gathered = 8 * fed, math.ceil(8 * chosen / P)
+            routed = config.codec.planned_bytes(fed, P, plan.total)
+            gathered = -(-config.codec.planned_bytes(chosen, P, plan.total) // P)
         return Payload(gather=gathered, alltoall=routed, select=select)
 
     @staticmethod
@@ -73,16 +65,6 @@ class Sparse(Exchange):
         P·L·k of its coordinates and at most all of them."""
         return max(min(plan.ranks * g.fed, g.size) for g in plan.groups).bit_length()
 
-    @staticmethod
-    def routed_low(plan: Plan) -> int:
-        """The compact wire's low bits for the alltoall: each destination's share of L·k pairs."""
-        return low_bits(math.ceil(sum(g.fed for g in plan.groups) / plan.ranks), plan.total)
-
-    @staticmethod
-    def gathered_low(plan: Plan) -> int:
-        """The compact wire's low bits for the allgather: each owner's share of the m·k selected."""
-        return low_bits(math.ceil(sum(g.nominated for g in plan.groups) / plan.ranks), plan.total)
-
     def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
         they are; routed / gathered: the bytes of this rank's alltoall and allgather. With
@@ -90,26 +72,17 @@ class Sparse(Exchange):
         are the allgather exchange's, bit for bit (with the compact wire: of the same rounded
         values); with ``"compact8"`` an owner's sums are rounded at the scale of its largest, so
         their rounding depends on the owners' hash."""
-        ops, comm, wire = sgd.ops, sgd.comm, sgd.config.wire
-        compact = wire != "fp32"
+        ops, comm, codec = sgd.ops, sgd.comm, sgd.config.codec
         mine = ops.concat(fed)
-        own = ops.wire_rounded(ops.take(a, mine), wire) if compact else ops.take(a, mine)  # one scale for all
+        own = codec.rounded(ops, ops.take(a, mine))  # one scale for all
         owner = ops.owner_of(mine, comm.size, sgd.keys)
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
-        if compact:
-            low = self.routed_low(plan)
-            message, splits = ops.pack_pairs(routed, routed_vals, ops.count(owner, comm.size), plan.total, low, wire)
-            received, _ = comm.alltoall(message, splits, "gs_horovod.sparse")
-            idx, vals, counts = ops.unpack_pairs(received, comm.size, plan.total, low, wire)
-            routed_bytes = ops.size_of(message)
-        else:
-            received, got = comm.alltoall(ops.pairs(routed, routed_vals), ops.count(owner, comm.size) * 2,
-                                          "gs_horovod.sparse")  # two floats a pair
-            (idx, vals), counts = ops.unpairs(received), got // 2
-            routed_bytes = 8 * ops.size_of(mine)
+        share = math.ceil(sum(g.fed for g in plan.groups) / plan.ranks)  # each destination's, planned
+        idx, vals, counts, routed_bytes = codec.alltoall(ops, comm, routed, routed_vals, ops.count(owner, comm.size),
+                                                         plan.total, share, "gs_horovod.sparse")
         union, exact_sums = union_sum(sgd, idx, vals, counts)
-        sums = ops.wire_rounded(exact_sums, wire) if compact else exact_sums  # select on what travels
+        sums = codec.rounded(ops, exact_sums)  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.nominated for g in plan.groups], np.int32), union)
         bins, bits = len(plan.groups) * RADIX_BINS, self.count_bits(plan)
@@ -128,17 +101,9 @@ class Sparse(Exchange):
         prefix, ties = cut_high * RADIX_BINS + cut_low, wanted - above - above_low
         keep = ops.keep_top(ops.key_bits(key, 15, 16), key, group, prefix, ties)
         chosen, chosen_sums = ops.take(union, keep), ops.take(sums, keep)
-        if compact:
-            low = self.gathered_low(plan)
-            one = ops.count(chosen * 0, 1)  # (1,): every chosen pair in one message
-            message, _ = ops.pack_pairs(chosen, chosen_sums, one, plan.total, low, wire)
-            out_idx, out_vals, _ = ops.unpack_pairs(comm.allgather(message, "gs_horovod.sparse.selected"),
-                                                    comm.size, plan.total, low, wire)
-            gathered_bytes = ops.size_of(message)
-        else:
-            out_idx, out_vals = ops.unpairs(ops.reshape(comm.allgather(ops.pairs(chosen, chosen_sums),
-                                                                       "gs_horovod.sparse.selected"), (-1,)))
-            gathered_bytes = 8 * ops.size_of(chosen)
+        share = math.ceil(sum(g.nominated for g in plan.groups) / plan.ranks)  # each owner's, planned
+        out_idx, out_vals, gathered_bytes = codec.allgather(ops, comm, chosen, chosen_sums, plan.total, share,
+                                                            "gs_horovod.sparse.selected")
         ascending = ops.stable_order(out_idx)
         out_idx, out_vals = ops.take(out_idx, ascending), ops.take(out_vals, ascending)
         out_key, out_group = ops.abs_key(out_vals), ops.bucket(out_idx, starts)
@@ -149,7 +114,7 @@ class Sparse(Exchange):
             nominated.append(Nominees(ops.slice(sel, first, grp.nominated), ops.slice(est, first, grp.nominated)))
             first += grp.nominated
         sent = None
-        if compact:  # what this rank gave, less what rounding took from the sums it owns (kept in its residual)
+        if not codec.lossless:  # what this rank gave, less what rounding took from the sums it owns (its residual's)
             lost = (exact_sums - sums) * (comm.size if comm.averages else 1)
             sent = ops.take_sorted(mine, own, sel) - ops.take_sorted(union, lost, sel)
         return Nominated(nominated, ops.all_finite(est), sent, ops.count_of(routed_bytes), ops.count_of(gathered_bytes))
