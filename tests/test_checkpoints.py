@@ -9,6 +9,7 @@ exchange (named in the test id). A 3-rank job also tries the 2-rank file, and (t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from conftest import horovodrun
 
@@ -123,7 +124,11 @@ def test_local_and_gathered_states_are_not_mixed_up(runs, size):
 def test_class_form_offers_the_instance_api(runs, size, request):
     framework = request.node.callspec.params["runs"]
     for r in runs[size]:
-        assert r["class_digest"] == r["instance_digest"]
+        if framework == "torch":  # dense float16 steps: Horovod's fusion orders their sums by timing from P = 3 on
+            params, instance = np.array(r["class_params"]), np.array(r["instance_params"])
+            assert np.abs(params - instance).max() <= 1e-3 * np.abs(params).max(), np.abs(params - instance).max()
+        else:
+            assert r["class_digest"] == r["instance_digest"]
         assert r["class_stats"] == r["instance_stats"] and r["class_stats"]["steps"] == 3
         if framework == "torch":  # the shipped defaults (ratio="auto") start with dense float16 steps
             assert r["class_stats"]["density"] == 1.0 and r["class_stats"]["dense_bytes"] > 0

@@ -76,6 +76,11 @@ class TorchTrainer:
 
         return digest(self.model)
 
+    def flat(self) -> list[float]:
+        from torch_scenarios import flat
+
+        return flat(self.model).tolist()
+
     def weights(self) -> dict:
         return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict()})
 
@@ -138,6 +143,9 @@ class TfTrainer:
         from tf_scenarios import digest
 
         return digest(self.model)
+
+    def flat(self) -> list[float]:
+        return np.concatenate([v.numpy().reshape(-1) for v in self.model.variables]).tolist()
 
     def weights(self) -> dict:
         return {"model": [v.numpy() for v in self.model.variables]}
@@ -293,6 +301,7 @@ def class_form(result: dict, GsSketch: type, trainer: type) -> None:
             run.train(range(3))
         result[f"{form}_counted"] = None if counted is None else counted.engine()
         result[f"{form}_digest"] = run.digest()
+        result[f"{form}_params"] = run.flat()
         result[f"{form}_bytes_per_step"] = gs.bytes_per_step(run.variables())
         state = gs.state_dict()
         result[f"{form}_stats"] = asdict(gs.stats)

@@ -49,6 +49,8 @@ class Counter:
         for name, n in self.by_name.items():
             if name in ENGINE:
                 out[ENGINE[name]] += n
+            elif name == "gs_horovod.early":
+                out["dense"] += n
             elif name not in CHECKS and not name.startswith("optimizer:"):
                 unknown.append(name)
         out["unknown"] = sorted(unknown)
@@ -56,6 +58,24 @@ class Counter:
 
     def total(self, prefix: str = "") -> int:
         return sum(n for name, n in self.by_name.items() if name.startswith(prefix))
+
+
+def optimizer_name(payload: Any, kw: dict) -> str:
+    """The counter's name of a DistributedOptimizer allreduce: ``optimizer:`` + Horovod's name,
+    or ``gs_horovod.early`` for GsSketch's float16 payloads (an early dense step: the step
+    flag, then the gradient)."""
+    import torch
+
+    if payload.dtype == torch.float16:
+        return "gs_horovod.early"
+    return "optimizer:" + str(kw.get("name"))
+
+
+def gradient_bytes(payload: Any) -> int:
+    """Bytes of a DistributedOptimizer payload; of GsSketch's float16 ones without the flag."""
+    import torch
+
+    return nbytes(payload) - (2 if payload.dtype == torch.float16 else 0)
 
 
 class HandedOver(Counter):
@@ -80,9 +100,9 @@ class HandedOver(Counter):
 
         for attr in ("allreduce", "allgather", "alltoall", "broadcast"):
             wrap(hvd, attr, lambda args, kw: kw.get("name") or "unnamed", nbytes)
-        wrap(hvd_optimizer, "allreduce_async_", lambda args, kw: "optimizer:" + str(kw.get("name")), nbytes)
-        wrap(hvd_optimizer, "grouped_allreduce_async_", lambda args, kw: "optimizer:" + str(kw.get("name")),
-             lambda tensors: sum(nbytes(t) for t in tensors))
+        wrap(hvd_optimizer, "allreduce_async_", lambda args, kw: optimizer_name(args[0], kw), gradient_bytes)
+        wrap(hvd_optimizer, "grouped_allreduce_async_", lambda args, kw: optimizer_name(args[0][0], kw),
+             lambda tensors: sum(gradient_bytes(t) for t in tensors))
         return self
 
     def __exit__(self, *exc: Any) -> None:
