@@ -37,6 +37,7 @@ run it as graph code (``ops.cond`` is ``tf.cond`` there and a plain ``if`` in to
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..array_ops import Array, ArrayOps
@@ -145,7 +146,7 @@ class GsSgd:
         ops = self.ops
         full = ops.concat([x for x in (acc.a, acc.dense) if x is not None])
         mean = ops.cast(self.comm.allreduce(ops.cast(full, plan.dense_dtype), "gs_horovod.dense"), "float32")
-        return self._dense_result(plan, mean, lambda: self._parts(plan, acc), prior, checks)
+        return self._dense_result(plan, mean, partial(self._parts, plan, acc), prior, checks)
 
     def dense_from_mean(self, plan: Plan, mean: Array, local: list[Array], prior: Prior,
                         check_options: Any) -> StepResult:
@@ -182,7 +183,7 @@ class GsSgd:
         fed = [ops.top_abs(ops.slice(acc.a, g.start, g.size), g.fed) + g.start for g in plan.groups] \
             if cfg.prefilter or exchange.sends_pairs else []
         nominated = exchange.nominate(self, plan, acc.a, fed)
-        local = lambda: self._parts(plan, acc)  # noqa: E731
+        local = partial(self._parts, plan, acc)
         checks = [*checks, self._fail_unless_finite(plan, nominated.finite, local, prior.steps)]
         if plan.exact:
             chosen = self._exact_round(plan, acc, nominated, checks, prior.steps)
@@ -209,7 +210,7 @@ class GsSgd:
         reduced = self.comm.allreduce(local, "gs_horovod.exact")
         exact, dense_mean = ops.slice(reduced, 0, ncand), ops.slice(reduced, ncand, sum(plan.dense_sizes))
         finite = ops.logical_and(nominated.finite, ops.all_finite(reduced))
-        checks.append(self._fail_unless_finite(plan, finite, lambda: self._parts(plan, acc), steps))
+        checks.append(self._fail_unless_finite(plan, finite, partial(self._parts, plan, acc), steps))
         if plan.apply == "all":
             sel, values = cand, exact
         else:
@@ -240,7 +241,7 @@ class GsSgd:
         if acc.dense is not None:
             dense_mean = self.comm.allreduce(acc.dense, "gs_horovod.dense")
             finite = ops.logical_and(finite, ops.all_finite(dense_mean))
-            checks.append(self._fail_unless_finite(plan, finite, lambda: self._parts(plan, acc), steps))
+            checks.append(self._fail_unless_finite(plan, finite, partial(self._parts, plan, acc), steps))
         return Selection(sel, values, sent, dense_mean, finite)
 
     def _finish(self, plan: Plan, applied: StepResult, prior: Prior, checks: list[Any]) -> StepResult:
