@@ -5,30 +5,18 @@ compressor.
                                    compression=GsSketch())          # defaults
     ...                            compression=GsSketch(ratio=0.001, scope="layer")
 
-How it plugs into Horovod 0.28.1 (``horovod/torch/optimizer.py``): for each gradient the
-optimizer calls ``compress(p.grad)``, allreduces the returned tensor under the parameter's
-name, then in ``synchronize()`` calls ``decompress(result, ctx)`` for every gradient and sets
-``p.grad`` to what it returns. Every ``compress`` of a step comes before its first
-``decompress`` (``synchronize()`` submits missing gradients first), so GsSketch's ``compress``
-only records the gradient and hands Horovod one float to allreduce; the first ``decompress``
-of the step runs the whole engine step over all recorded gradients (one sketch merge, one
-exact round, issued in name order on every rank) and each ``decompress`` returns its slice.
-One exception: where the step sends everything dense anyway (``ratio="auto"`` at its DENSE
-level with zero residuals, :meth:`EngineState.dense_ahead`), ``compress`` hands Horovod the
-flag and the gradient in float16, so Horovod's allreduce overlaps backward as with
-``hvd.Compression.fp16``; each ``decompress`` then returns a gradient buffer that the last one
-fills, once every mean has arrived and the step's checks have passed.
-
-Per-parameter state (a :class:`gs_horovod.engine.state.EngineState` per optimizer) is keyed by the
-parameter's name in the ``DistributedOptimizer`` that calls us, found from the calling frame
-once and then by ``p.grad is tensor``. Keys therefore
-survive ``zero_grad(set_to_none=True)``, parameters without gradients in some steps (Horovod
-submits zeros for them) and ``backward_passes_per_step > 1``.
+Horovod 0.28.1 calls ``compress(p.grad)`` for every gradient of a step before the first
+``decompress`` (``synchronize()`` submits missing ones first). ``compress`` records the
+gradient and hands Horovod this rank's step flag, one float (in an early dense step,
+:meth:`EngineState.dense_ahead`, with the gradient in float16, so Horovod's allreduce overlaps
+backward as with ``hvd.Compression.fp16``); the step's first ``decompress`` runs one engine
+step over every recorded gradient, and each returns its tensor's update. State: one
+:class:`~gs_horovod.engine.state.EngineState` per optimizer, keyed by parameter name
+(:mod:`gs_horovod.torch_params`); docs/design.md gives the reasoning.
 """
 
 from __future__ import annotations
 
-import sys
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -44,37 +32,8 @@ from .engine.density import DENSE
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
-from .transports.mpi import MergeStats
-
-
-class _Params:
-    """The named parameters of one DistributedOptimizer, sorted by name, and the lookup of the
-    parameter whose ``.grad`` a tensor is: the parameter that followed the previous one last
-    time is tried first, so a static graph costs O(1) per call."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self.items = sorted(((name, p) for p, name in optimizer._parameter_names.items()), key=lambda item: item[0])
-        self._successor: dict[int, int] = {}
-        self._last = -1
-
-    def guess(self, grad: torch.Tensor) -> Optional[str]:
-        """The name if the expected parameter's ``.grad`` is ``grad``, else None."""
-        guess = self._successor.get(self._last)
-        if guess is None or self.items[guess][1].grad is not grad:
-            return None
-        self._last = guess
-        return self.items[guess][0]
-
-    def name_of(self, grad: torch.Tensor) -> str:
-        """The name of the parameter whose ``.grad`` is ``grad`` (a scan; learns the order)."""
-        found = next((i for i, (_, p) in enumerate(self.items) if p.grad is grad), None)
-        if found is None:
-            raise KeyError(f"GsSketch: a tensor of shape {tuple(grad.shape)} is not the .grad of any parameter of "
-                           "the DistributedOptimizer that compresses it (sparse_as_dense=True hands over a copy, "
-                           "which GsSketch cannot attribute)")
-        self._successor[self._last] = found
-        self._last = found
-        return self.items[found][0]
+from .torch_params import Params, calling_optimizer
+from .transports.mpi import MergeStats, tree_allreduce_tensor
 
 
 @dataclass(frozen=True)
@@ -103,15 +62,13 @@ class GsSketch(GsSketchBase, Compressor):
         super().__init__(transport, comm, **options)
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
-        self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, _Params]] = weakref.WeakKeyDictionary()
+        self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, Params]] = weakref.WeakKeyDictionary()
         self._early_out: dict[EngineState, dict[str, torch.Tensor]] = {}  # gradients handed out, filled at the last
 
     def _make_ops(self) -> TorchOps:
         return TorchOps(self.config.backend)
 
     def _tree_allreduce(self, x: torch.Tensor, comms: Any, stats: MergeStats) -> torch.Tensor:
-        from .transports.mpi import tree_allreduce_tensor
-
         return tree_allreduce_tensor(x, comms, stats)
 
     def _numpy_call(self, fn: Any, arrays: list[torch.Tensor], dtypes: list[str]) -> tuple[torch.Tensor, ...]:
@@ -222,7 +179,7 @@ class GsSketch(GsSketchBase, Compressor):
             self._restore(gs_state, params)
         self.stats.lost_residual += lost_mass
 
-    def _restore(self, state: EngineState, params: _Params) -> None:
+    def _restore(self, state: EngineState, params: Params) -> None:
         """Hands ``state`` the restored tensors of its parameters."""
         state.restore({name: self._restored.pop(name) for name, _ in params.items if name in self._restored})
 
@@ -241,9 +198,9 @@ class GsSketch(GsSketchBase, Compressor):
             name = params.guess(grad)
             if name is not None:
                 return state, name
-        optimizer = _calling_optimizer(self)
+        optimizer = calling_optimizer(self)
         if optimizer not in self._states:
-            params = _Params(optimizer)
+            params = Params(optimizer)
             op = getattr(optimizer, "op", hvd.Adasum)  # Horovod's Adasum optimizer keeps no op
             sgd = GsSgd(self.config, self.ops, self._collectives(op, getattr(optimizer, "process_set", None)))
             state = EngineState(sgd, self.stats, {name: p.numel() for name, p in params.items})
@@ -251,26 +208,6 @@ class GsSketch(GsSketchBase, Compressor):
             self._restore(state, params)
         state, params = self._states[optimizer]
         return state, params.name_of(grad)
-
-
-def _calling_optimizer(compressor: GsSketch) -> Any:
-    """The Horovod DistributedOptimizer up the stack whose ``_compression`` is ``compressor``
-    (or its class). Horovod does not pass the parameter to ``compress``; its optimizer's
-    ``_allreduce_grad_async(self, p)`` / ``_grouped_allreduce_grad_async`` are our callers."""
-    frame = sys._getframe(2)
-    for _ in range(6):
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("self")
-        owner = getattr(candidate, "_compression", None)
-        if (owner is compressor or owner is type(compressor)) and hasattr(candidate, "_parameter_names"):
-            return candidate
-        frame = frame.f_back
-    raise RuntimeError(
-        "GsSketch compresses gradients inside hvd.DistributedOptimizer(..., compression=GsSketch); "
-        "it was called from elsewhere (e.g. hvd.allreduce), where it cannot tell which "
-        "parameter a tensor belongs to and so cannot keep its error-feedback residual"
-    )
 
 
 class _IsGsSketch(type):
@@ -291,7 +228,7 @@ class GsSketchHandler(StateHandler):
 
     def __init__(self, value: Any) -> None:
         super().__init__(value)
-        self.elastic = _elastic_state(value)
+        self.set_value(value)
 
     def save(self) -> None:
         self.elastic.save()
@@ -304,11 +241,7 @@ class GsSketchHandler(StateHandler):
 
     def set_value(self, value: Any) -> None:
         """``state.gs = other``: the handler follows the new compressor (not collective)."""
-        self.value, self.elastic = value, _elastic_state(value)
-
-
-def _elastic_state(value: Any) -> ElasticGsState:
-    return ElasticGsState(value.default() if isinstance(value, type) else value)
+        self.value, self.elastic = value, ElasticGsState(value.default() if isinstance(value, type) else value)
 
 
 if not any(handler is GsSketchHandler for _, handler in get_handler_registry()):

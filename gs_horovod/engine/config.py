@@ -221,6 +221,7 @@ class GsConfig:
         """Sketch columns for a group of n coordinates."""
         return min(MAX_COLS, max(1, math.ceil(self.width * self.k_for(n, level))))
 
-    def digest(self) -> int:
-        """A 62-bit digest of everything that must agree across ranks (options and hash version)."""
-        return zlib.crc32(repr((self, HASH_VERSION)).encode()) & (2**62 - 1)
+    def digest(self, *extra: Any) -> int:
+        """A 62-bit digest of everything that must agree across ranks (options, hash version and
+        an adapter's ``extra`` values, e.g. FSDP2's mesh)."""
+        return zlib.crc32(repr((self, HASH_VERSION, *extra)).encode()) & (2**62 - 1)

@@ -213,6 +213,14 @@ class EngineState:
                                       self.steps, not self.checked, [grads[n] for n in plan.dense_names])
         return self._store(plan, named, result, ended, begun, started)
 
+    def skip(self, grads: dict[str, Array]) -> dict[str, Array]:
+        """A step the adapter's guard dropped before any exchange (a NaN/Inf found on some rank
+        under ``nonfinite="skip"``, every rank alike): counted as a step and as skipped, no
+        bytes; the state is kept. Returns each tensor's zero update (d,) f32."""
+        self.stats.steps += 1
+        self.stats.skipped += 1
+        return {n: self.ops.zeros_like(g) for n, g in grads.items()}
+
     def _store(self, plan: Plan, named: list[tuple[str, int]], result: StepResult, ended: Optional[float],
                begun: Optional[float], started: Optional[float]) -> dict[str, Array]:
         """After a step of ``plan``: the density's measurement (compute from the last step's end

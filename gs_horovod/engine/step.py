@@ -41,11 +41,12 @@ from functools import partial
 from typing import Any, Callable, NamedTuple, Optional
 
 from ..array_ops import Array, ArrayOps
-from ..kernels.hashing import HASH_VERSION, hash_keys
+from ..kernels.hashing import hash_keys
 from ..transports.protocol import Collectives
 from .config import GsConfig
 from .exchanges import EXCHANGES
 from .exchanges.base import Nominated
+from .guard import nonfinite_parts, options_differ
 from .plan import Plan, starts_of
 
 
@@ -136,9 +137,7 @@ class GsSgd:
 
     def _check_options(self) -> Any:
         same = self.comm.same_on_every_rank(self.config.digest(), "gs_horovod.options")
-        return self.ops.fail_unless(same, ValueError, lambda: [
-            "GsSketch options differ across ranks (seed, sizes or modes must be equal on every rank); "
-            f"this rank has {self.config} with hash version {HASH_VERSION}"])
+        return self.ops.fail_unless(same, ValueError, lambda: [options_differ(self.config)])
 
     def _dense(self, plan: Plan, acc: Accumulated, prior: Prior, checks: list[Any]) -> StepResult:
         """Warm-up, steps with nothing to compress and the DENSE density level: everything
@@ -267,11 +266,7 @@ class GsSgd:
         def message() -> list[Any]:
             flags = [ops.not_finite(x) for x in local()]
             anywhere = self.comm.allreduce(ops.stack(flags), "gs_horovod.nonfinite")
-            overflow = (" (or, at the dense float16 level of ratio='auto', overflowed float16: a value above "
-                        "65504; give a fixed ratio to send pairs)") if plan.dense_dtype == "float16" else ""
-            return ["GsSketch: the gradient of ", ops.join_names(plan.all_names, anywhere),
-                    " is NaN or infinite on at least one rank at step ", steps, overflow,
-                    "; residuals are left as before the step. GsSketch(nonfinite='skip') skips such steps instead."]
+            return nonfinite_parts(ops.join_names(plan.all_names, anywhere), steps, plan.dense_dtype == "float16")
 
         return ops.fail_unless(finite, FloatingPointError, message)
 
