@@ -96,7 +96,7 @@ class TorchTrainer:
         """Counts the bytes handed to Horovod's collectives while entered."""
         from handed_over import HandedOver
 
-        return HandedOver()
+        return HandedOver(gs_sketch=True)
 
     @staticmethod
     def steps(local: dict) -> list[int]:

@@ -60,27 +60,27 @@ class Counter:
         return sum(n for name, n in self.by_name.items() if name.startswith(prefix))
 
 
-def optimizer_name(payload: Any, kw: dict) -> str:
-    """The counter's name of a DistributedOptimizer allreduce: ``optimizer:`` + Horovod's name,
-    or ``gs_horovod.early`` for GsSketch's float16 payloads (an early dense step: the step
-    flag, then the gradient)."""
-    import torch
-
-    if payload.dtype == torch.float16:
-        return "gs_horovod.early"
-    return "optimizer:" + str(kw.get("name"))
-
-
-def gradient_bytes(payload: Any) -> int:
-    """Bytes of a DistributedOptimizer payload; of GsSketch's float16 ones without the flag."""
-    import torch
-
-    return nbytes(payload) - (2 if payload.dtype == torch.float16 else 0)
-
-
 class HandedOver(Counter):
     """While entered, counts every tensor handed to horovod.torch's collectives (keyed by the
-    name given, ``optimizer:`` + Horovod's name for the DistributedOptimizer's own allreduces)."""
+    name given, ``optimizer:`` + Horovod's name for the DistributedOptimizer's own allreduces).
+    ``gs_sketch``: the optimizer's compressor is GsSketch, whose float16 payloads (an early dense
+    step: the step flag, then the gradient) count as ``gs_horovod.early``, less the flag."""
+
+    def __init__(self, gs_sketch: bool = False) -> None:
+        super().__init__()
+        self.gs_sketch = gs_sketch
+
+    def _optimizer_name(self, payload: Any, kw: dict) -> str:
+        import torch
+
+        if self.gs_sketch and payload.dtype == torch.float16:
+            return "gs_horovod.early"
+        return "optimizer:" + str(kw.get("name"))
+
+    def _gradient_bytes(self, payload: Any) -> int:
+        import torch
+
+        return nbytes(payload) - (2 if self.gs_sketch and payload.dtype == torch.float16 else 0)
 
     def __enter__(self) -> HandedOver:
         import horovod.torch as hvd
@@ -100,9 +100,10 @@ class HandedOver(Counter):
 
         for attr in ("allreduce", "allgather", "alltoall", "broadcast"):
             wrap(hvd, attr, lambda args, kw: kw.get("name") or "unnamed", nbytes)
-        wrap(hvd_optimizer, "allreduce_async_", lambda args, kw: optimizer_name(args[0], kw), gradient_bytes)
-        wrap(hvd_optimizer, "grouped_allreduce_async_", lambda args, kw: optimizer_name(args[0][0], kw),
-             lambda tensors: sum(gradient_bytes(t) for t in tensors))
+        wrap(hvd_optimizer, "allreduce_async_", lambda args, kw: self._optimizer_name(args[0], kw),
+             self._gradient_bytes)
+        wrap(hvd_optimizer, "grouped_allreduce_async_", lambda args, kw: self._optimizer_name(args[0][0], kw),
+             lambda tensors: sum(self._gradient_bytes(t) for t in tensors))
         return self
 
     def __exit__(self, *exc: Any) -> None:
