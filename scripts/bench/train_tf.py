@@ -1,9 +1,9 @@
 """Data-parallel training of an MLP on scikit-learn's handwritten digits with Horovod and
 TensorFlow (tf-keras model, ``hvd.DistributedGradientTape`` in a ``tf.function``).
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_tf.py --compression gs
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/train_tf.py --compression gs
 
-Same data, model, flags and output as ``scripts/examples/train_torch.py``.
+Same data, model, flags and output as ``scripts/bench/train_torch.py``.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 cross-replica reduction by gs-SGD or dense; the demo's CNN on real MNIST digits, or the LSTM
 language model on the standard library's sources.
 
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --compression gs
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --compression none
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --model lm --hidden 512 --compression gs
+    torchrun --standalone --nproc_per_node 4 scripts/bench/train_fsdp.py --compression gs
+    torchrun --standalone --nproc_per_node 4 scripts/bench/train_fsdp.py --compression none
+    torchrun --standalone --nproc_per_node 4 scripts/bench/train_fsdp.py --model lm --hidden 512 --compression gs
 
 The job's ranks form an R × S mesh (``--replicas R``, S = ranks / R): ``fully_shard`` on each
 module that holds parameters itself (the CNN's conv and linear layers; the LM's embedding, LSTM

@@ -1,15 +1,15 @@
 """Data-parallel training of a byte-level LSTM language model on the Python standard library's
 own ``.py`` sources with Horovod or DDP.
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py --compression gs --steps 60
-    torchrun --standalone --nproc_per_node 2 scripts/examples/train_lm.py --compression gs --steps 60
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/train_lm.py --compression gs --steps 60
+    torchrun --standalone --nproc_per_node 2 scripts/bench/train_lm.py --compression gs --steps 60
 
 Data: ``gs_bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
 cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
 ``gs_bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
 training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
 held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
-switch and GsSketch flags as ``scripts/examples/train_torch.py``, and the same DDP hooks under
+switch and GsSketch flags as ``scripts/bench/train_torch.py``, and the same DDP hooks under
 torchrun.
 """
 

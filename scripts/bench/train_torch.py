@@ -1,7 +1,7 @@
 """Data-parallel training of a CNN on real MNIST digits with Horovod or DDP (the demo).
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_torch.py --compression gs
-    torchrun --standalone --nproc_per_node 2 scripts/examples/train_torch.py --compression gs
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/train_torch.py --compression gs
+    torchrun --standalone --nproc_per_node 2 scripts/bench/train_torch.py --compression gs
 
 Under torchrun (``RANK`` and ``WORLD_SIZE`` set) the model runs in DistributedDataParallel with
 a communication hook: gs → ``gs_horovod.ddp.gs_hook``, powersgd → torch's ``powerSGD_hook``
