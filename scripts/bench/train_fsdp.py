@@ -23,6 +23,9 @@ against its shard's, counted as they receive them (gs: the ``DistCollectives``' 
 the replicate group, the engine's payload beside it; none: each FSDP module's reduce output
 as its all-reduce hook receives it after FSDP's all-reduce), and on the wire (ring all-reduce
 among R).
+
+The benchmark harness's entry point (it imports gs_bench); the example to copy:
+``scripts/examples/train_fsdp.py``.
 """
 
 from __future__ import annotations

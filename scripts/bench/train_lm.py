@@ -11,6 +11,9 @@ training loss and the per-byte perplexity on the first ``--eval-windows`` window
 held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
 switch and GsSketch flags as ``scripts/bench/train_torch.py``, and the same DDP hooks under
 torchrun.
+
+The benchmark harness's entry point (it imports gs_bench); the example to copy:
+``scripts/examples/train_lm.py``.
 """
 
 from __future__ import annotations

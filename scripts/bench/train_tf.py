@@ -4,6 +4,9 @@ TensorFlow (tf-keras model, ``hvd.DistributedGradientTape`` in a ``tf.function``
     horovodrun -np 2 -H localhost:2 --gloo python scripts/bench/train_tf.py --compression gs
 
 Same data, model, flags and output as ``scripts/bench/train_torch.py``.
+
+The benchmark harness's entry point (it imports gs_bench); the example to copy:
+``scripts/examples/train_tf.py``.
 """
 
 from __future__ import annotations

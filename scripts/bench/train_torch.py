@@ -13,6 +13,9 @@ parameters). ``--model mlp`` trains the earlier 3-layer MLP on scikit-learn's 8Ã
 instead. Every epoch reports the mean loss and the held-out accuracy; at the end, the bytes
 this rank handed to gradient collectives per step against dense. ``--compression none`` is
 the dense baseline. GsSketch options the user does not give keep GsSketch's defaults.
+
+The benchmark harness's entry point (it imports gs_bench); the example to copy:
+``scripts/examples/train_torch.py``.
 """
 
 from __future__ import annotations
