@@ -264,6 +264,18 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
     assert any(line.startswith(f"summary (2 ranks, --compression {compression})") for line in lines)
 
 
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_the_torch_example_trains(launcher: str) -> None:
+    """``scripts/examples/train_torch.py --epochs 1`` (the example to copy: GsSketch in Horovod's
+    DistributedOptimizer, or gs_hook on DDP under torchrun): an epoch line with a held-out
+    accuracy well above chance. The harness's train_torch.py is the one the tests above run."""
+    command = horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2)
+    out = run_script("examples/train_torch.py", "--epochs", "1", "--ratio", "0.01", launcher=command)
+    lines = rank0_lines(out) if launcher == "horovodrun" else out.splitlines()
+    (line,) = [line for line in lines if line.startswith("epoch 1 ")]
+    assert float(line.split("held-out accuracy ")[1]) > 0.5, line
+
+
 def test_train_tf_one_epoch(tmp_path: Path) -> None:
     """``horovodrun -np 2 ... train_tf.py --epochs 1 --json F`` (DistributedGradientTape with
     GsSketch in a tf.function): one epoch on the digits, a held-out accuracy, fewer bytes per step
