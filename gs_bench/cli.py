@@ -1,6 +1,6 @@
-"""What the training examples share: flags, GsSketch options as the user gave them, the
-optimizer switch over gs-SGD and the baselines, the progress report and the final summary, so
-all of them print and save the same things."""
+"""What the harness's training entry points (``scripts/bench/train_*.py``) share: flags,
+GsSketch options as the user gave them, the optimizer switch over gs-SGD and the baselines, the
+progress report and the final summary, so all of them print and save the same things."""
 
 from __future__ import annotations
 

@@ -317,7 +317,7 @@ class Checker:
                 if rest[1:2] not in (["horovodrun"], ["torchrun"]):
                     self.problems.add(cmd.where(), f"`{shorten(cmd.text)}`: --launcher takes horovodrun or torchrun")
                 rest = rest[2:]
-            self.python(cmd, self.root / "scripts/examples/train_torch.py", "scripts/examples/train_torch.py", rest)
+            self.python(cmd, self.root / "scripts/bench/train_torch.py", "scripts/bench/train_torch.py", rest)
         elif rel in ("scripts/bench/bench_throughput.sh", "scripts/bench/collective_sweep.sh"):
             positional = 5 if rel.endswith("bench_throughput.sh") else 3
             if not argv:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: sets up the environment if needed, then trains the MNIST-5k CNN on 2 Horovod
-# ranks with GsSketch. Extra arguments go to scripts/examples/train_torch.py (e.g. --compression none).
+# ranks with GsSketch. Extra arguments go to scripts/bench/train_torch.py (e.g. --compression none).
 # `--launcher torchrun` (first) runs the same demo on 2 torchrun ranks instead: DistributedDataParallel
 # with gs_horovod.ddp.gs_hook (or --compression powersgd / fp16 / none: torch's hooks, DDP's default).
 # The console shows rank 0's progress bar, a line per epoch and a summary; scripts/console.py
@@ -20,9 +20,9 @@ esac
 case "$LAUNCHER" in
   horovodrun)
     echo "gs_horovod demo: 2 ranks (horovodrun --gloo), MNIST-5k CNN${*:+, arguments: $*}"
-    horovodrun -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 300 python scripts/examples/train_torch.py "$@" 2>&1 | python scripts/console.py ;;
+    horovodrun -np 2 -H localhost:2 --gloo --gloo-timeout-seconds 300 python scripts/bench/train_torch.py "$@" 2>&1 | python scripts/console.py ;;
   torchrun)
     echo "gs_horovod demo: 2 ranks (torchrun, DDP + communication hook), MNIST-5k CNN${*:+, arguments: $*}"
-    torchrun --standalone --nproc_per_node 2 scripts/examples/train_torch.py "$@" 2>&1 | python scripts/console.py ;;
+    torchrun --standalone --nproc_per_node 2 scripts/bench/train_torch.py "$@" 2>&1 | python scripts/console.py ;;
   *) echo "run_demo.sh: --launcher must be horovodrun or torchrun, got '$LAUNCHER'" >&2; exit 2 ;;
 esac

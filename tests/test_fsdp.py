@@ -300,7 +300,7 @@ def test_the_example_trains_the_lm_on_2x2(tmp_path, compression):
     from gs_bench.workloads import LstmLM
 
     out = tmp_path / "history.json"
-    cmd = [*torchrun_command(4), sys.executable, str(ROOT / "scripts" / "examples" / "train_fsdp.py"), "--model", "lm",
+    cmd = [*torchrun_command(4), sys.executable, str(ROOT / "scripts" / "bench" / "train_fsdp.py"), "--model", "lm",
            "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16", "--batch-size", "2", "--seq", "16",
            "--eval-windows", "2", "--eval-seq", "32", "--compression", compression, "--json", str(out)]
     env = rank_env()

@@ -253,10 +253,10 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         lines = proc.stdout.splitlines()  # scripts/console.py strips rank 0's prefix
     elif launcher.startswith("horovodrun"):
-        lines = rank0_lines(run_script("examples/train_torch.py", *args, "--transport", "mpi",
+        lines = rank0_lines(run_script("bench/train_torch.py", *args, "--transport", "mpi",
                                        launcher=horovodrun_command(2, "mpi")))
     else:
-        lines = run_script("examples/train_torch.py", *args, launcher=torchrun_command(2)).splitlines()
+        lines = run_script("bench/train_torch.py", *args, launcher=torchrun_command(2)).splitlines()
     result = json.loads(out.read_text())
     (epoch,) = result["history"]
     assert result["ranks"] == 2 and 0 <= epoch["accuracy"] <= 1 and math.isfinite(epoch["loss"])
@@ -264,12 +264,24 @@ def test_train_torch_mlp(tmp_path: Path, launcher: str, compression: str) -> Non
     assert any(line.startswith(f"summary (2 ranks, --compression {compression})") for line in lines)
 
 
+@pytest.mark.parametrize("launcher", ["horovodrun", "torchrun"])
+def test_the_torch_example_trains(launcher: str) -> None:
+    """``scripts/examples/train_torch.py --epochs 1`` (the example to copy: GsSketch in Horovod's
+    DistributedOptimizer, or gs_hook on DDP under torchrun): an epoch line with a held-out
+    accuracy well above chance. The harness's train_torch.py is the one the tests above run."""
+    command = horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2)
+    out = run_script("examples/train_torch.py", "--epochs", "1", "--ratio", "0.01", launcher=command)
+    lines = rank0_lines(out) if launcher == "horovodrun" else out.splitlines()
+    (line,) = [line for line in lines if line.startswith("epoch 1 ")]
+    assert float(line.split("held-out accuracy ")[1]) > 0.5, line
+
+
 def test_train_tf_one_epoch(tmp_path: Path) -> None:
     """``horovodrun -np 2 ... train_tf.py --epochs 1 --json F`` (DistributedGradientTape with
     GsSketch in a tf.function): one epoch on the digits, a held-out accuracy, fewer bytes per step
     than dense, the summary line."""
     out = tmp_path / "history.json"
-    lines = rank0_lines(run_script("examples/train_tf.py", "--epochs", "1", "--json", str(out), "--compression", "gs",
+    lines = rank0_lines(run_script("bench/train_tf.py", "--epochs", "1", "--json", str(out), "--compression", "gs",
                                    launcher=horovodrun_command(2, "gloo"), timeout=420))
     result = json.loads(out.read_text())
     (epoch,) = result["history"]
@@ -284,7 +296,7 @@ def test_train_fsdp_one_epoch(tmp_path: Path, compression: str) -> None:
     GsFsdpState, or plain HSDP): a held-out accuracy; gs hands the replicate group fewer bytes than
     the shard's, plain HSDP's all-reduce exactly the shard's (its layers shard evenly)."""
     out = tmp_path / "history.json"
-    lines = run_script("examples/train_fsdp.py", "--epochs", "1", "--hidden", "32", "--json", str(out),
+    lines = run_script("bench/train_fsdp.py", "--epochs", "1", "--hidden", "32", "--json", str(out),
                        "--compression", compression, launcher=torchrun_command(4)).splitlines()
     result = json.loads(out.read_text())
     (epoch,) = result["history"]
@@ -303,7 +315,7 @@ def test_train_lm_tiny(tmp_path: Path, launcher: str) -> None:
     """``horovodrun -np 2 ... train_lm.py --steps N --json F`` on a tiny LSTM (and the same under
     torchrun: DDP with gs_hook): a held-out perplexity per interval and gs's bytes under dense."""
     out = tmp_path / "history.json"
-    run_script("examples/train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
+    run_script("bench/train_lm.py", "--steps", "2", "--eval-every", "1", "--hidden", "64", "--embed", "16",
                "--batch-size", "2", "--seq", "16", "--eval-windows", "2", "--eval-seq", "32", "--json", str(out),
                launcher=horovodrun_command(2, "gloo") if launcher == "horovodrun" else torchrun_command(2))
     result = json.loads(out.read_text())
@@ -335,9 +347,9 @@ def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compressio
     they do not depend on where coordinates fall (the simulated alltoall counts the busiest
     rank's real bytes, Horovod's meter an even split, so those may differ)."""
     args = ["--model", "mlp", "--epochs", "2", "--compression", compression, "--ratio", "0.01", *options]
-    run_script("examples/train_torch.py", *args, "--json", str(tmp_path / "real.json"),
+    run_script("bench/train_torch.py", *args, "--json", str(tmp_path / "real.json"),
                launcher=horovodrun_command(ranks, "gloo"))
-    run_script("examples/train_torch.py", *args, "--simulated-ranks", str(ranks), "--json", str(tmp_path / "sim.json"))
+    run_script("bench/train_torch.py", *args, "--simulated-ranks", str(ranks), "--json", str(tmp_path / "sim.json"))
     real, sim = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("real", "sim"))
     assert sim["ranks"] == real["ranks"] == ranks
     for r, s in zip(real["history"], sim["history"], strict=True):

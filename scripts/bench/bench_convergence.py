@@ -1,6 +1,6 @@
 """Convergence of every method at a fixed step budget, k = 1/100 and 1/1000, over several
-seeds: held-out accuracy (MNIST-5k CNN, ``scripts/examples/train_torch.py``) or per-byte perplexity
-(stdlib-source LSTM, ``scripts/examples/train_lm.py``) against steps and against cumulative wire bytes.
+seeds: held-out accuracy (MNIST-5k CNN, ``scripts/bench/train_torch.py``) or per-byte perplexity
+(stdlib-source LSTM, ``scripts/bench/train_lm.py``) against steps and against cumulative wire bytes.
 
     python scripts/bench/bench_convergence.py --out-dir docs                       # CNN, full matrix (long)
     python scripts/bench/bench_convergence.py --model lm --hidden 512 --out-dir docs
@@ -17,7 +17,7 @@ half the range over seeds) to stdout. A run that fails is reported and left out,
 ``--launcher torchrun`` runs the model's script under ``torchrun`` instead: DistributedDataParallel
 with a communication hook per method (:data:`DDP_LABELS`: gs_hook, torch's PowerSGD and fp16
 hooks, DDP's default allreduce), into ``convergence_<model>_ddp<RANKS>.*``. ``--launcher fsdp`` runs
-``scripts/examples/train_fsdp.py`` (the CNN or the LM) under ``torchrun`` on an R × S mesh
+``scripts/bench/train_fsdp.py`` (the CNN or the LM) under ``torchrun`` on an R × S mesh
 (``--replicas R``, S = RANKS / R): ``gs`` is GsFsdpState across the replicas, ``dense`` plain
 HSDP (:data:`FSDP_LABELS`), into ``convergence_<model>_fsdp<R>x<S>.*``. ``--simulated-ranks P``
 runs each script with ``--simulated-ranks P`` instead (P ranks in one process: the engine and
@@ -81,12 +81,12 @@ UNCOMPRESSED = ("dense", "fp16", "powersgd r1", "powersgd r2", "powersgd r4")  #
 DDP_LABELS = ["dense", "fp16", "gs", "gs layer", "powersgd r1", "powersgd r4"]  # what runs as a DDP hook
 DDP_DEFAULT = ["dense", "fp16", "gs", "powersgd r1", "powersgd r4"]
 FSDP_LABELS = ["dense", "gs"]  # under --launcher fsdp: plain HSDP, GsFsdpState
-FSDP_SCRIPT = "scripts/examples/train_fsdp.py"
+FSDP_SCRIPT = "scripts/bench/train_fsdp.py"
 # model: (title, script, its --model flag if any, held-out metric)
 WORKLOADS = {
-    "cnn": ("MNIST-5k CNN", "scripts/examples/train_torch.py", ["--model", "cnn"], "accuracy"),
-    "mlp": ("digits MLP", "scripts/examples/train_torch.py", ["--model", "mlp"], "accuracy"),
-    "lm": ("LSTM LM on stdlib sources", "scripts/examples/train_lm.py", [], "perplexity"),
+    "cnn": ("MNIST-5k CNN", "scripts/bench/train_torch.py", ["--model", "cnn"], "accuracy"),
+    "mlp": ("digits MLP", "scripts/bench/train_torch.py", ["--model", "mlp"], "accuracy"),
+    "lm": ("LSTM LM on stdlib sources", "scripts/bench/train_lm.py", [], "perplexity"),
 }
 QUICK = {"methods": ["gs fp32", "sketched = gs fp32"], "ratios": [0.01], "seeds": [0], "epochs": 1,
          "ranks": 2, "model": "mlp"}

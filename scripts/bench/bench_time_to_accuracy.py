@@ -21,9 +21,9 @@ on, and ``run`` exits 1 at the end. An existing ``--out`` is refused (exit 1, no
 ``code`` (the commit).
 
 Workloads (``WORKLOADS``: the example, its fixed flags, the metric and the target declared
-before the study): ``cnn`` trains ``scripts/examples/train_torch.py --model cnn`` for 4 epochs
+before the study): ``cnn`` trains ``scripts/bench/train_torch.py --model cnn`` for 4 epochs
 (held-out accuracy, higher is better, target 0.93); ``lm`` trains
-``scripts/examples/train_lm.py`` with a 512-unit LSTM and 128-wide embedding for 80 steps,
+``scripts/bench/train_lm.py`` with a 512-unit LSTM and 128-wide embedding for 80 steps,
 evaluated every 10 (per-byte perplexity, lower is better, target 20): a smaller LM than the
 example's default (1536 units, 11.5 M parameters), so that the 168 runs fit in two hours
 on two cores. METHOD[:NAME=VALUE,...] as in bench_throughput.sh: options go to gs as
@@ -55,8 +55,8 @@ from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, re
 ROOT = Path(__file__).resolve().parents[2]
 SELECTS_K = ("gs", "topk", "gtopk", "sketched")
 WORKLOADS = {
-    "cnn": ("scripts/examples/train_torch.py", ["--model", "cnn", "--epochs", "4"], "accuracy", 0.93),
-    "lm": ("scripts/examples/train_lm.py", ["--hidden", "512", "--embed", "128", "--steps", "80", "--eval-every", "10"],
+    "cnn": ("scripts/bench/train_torch.py", ["--model", "cnn", "--epochs", "4"], "accuracy", 0.93),
+    "lm": ("scripts/bench/train_lm.py", ["--hidden", "512", "--embed", "128", "--steps", "80", "--eval-every", "10"],
            "perplexity", 20.0),
 }
 

@@ -8,7 +8,7 @@ in which a rank aborted at exit ("terminate called without an active exception")
 
 Cases: ``ddp_two_steps`` (scripts/bench/ddp_two_steps.py: GsState, two steps), the same with
 ``--hook none`` (torch's DDP without gs_horovod: the abort this guards against), the torchrun demo
-(scripts/examples/train_torch.py, one epoch), FSDP2 (scripts/examples/train_fsdp.py, 2 × 1,
+(scripts/bench/train_torch.py, one epoch), FSDP2 (scripts/bench/train_fsdp.py, 2 × 1,
 one epoch), and a restart under ``--max-restarts 1`` (rank 1 killed after the first step) with
 the group from gs_horovod's ``init_process_group`` and from torch's. Refuses an existing
 ``--out`` unless ``--append`` (which replaces the cases run again, keeps the others); each case
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = {
     "ddp_two_steps": ["scripts/bench/ddp_two_steps.py"],
     "ddp_two_steps_without_gs_horovod": ["scripts/bench/ddp_two_steps.py", "--hook", "none"],
-    "train_torch_torchrun": ["scripts/examples/train_torch.py", "--epochs", "1"],
-    "train_fsdp": ["scripts/examples/train_fsdp.py", "--replicas", "2", "--epochs", "1"],
+    "train_torch_torchrun": ["scripts/bench/train_torch.py", "--epochs", "1"],
+    "train_fsdp": ["scripts/bench/train_fsdp.py", "--replicas", "2", "--epochs", "1"],
     "ddp_restart": ["--max-restarts", "1", "scripts/bench/ddp_two_steps.py", "--killed"],
     "ddp_restart_torch_init": ["--max-restarts", "1", "scripts/bench/ddp_two_steps.py", "--killed", "--init", "torch"],
 }

@@ -20,9 +20,9 @@ import time
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from data import MnistCNN, mnist5k
 from torch.utils.data import DataLoader, TensorDataset
 
-from gs_bench.workloads import MnistCNN, mnist5k
 from gs_horovod.torch import GsSketch
 
 

@@ -1,155 +1,70 @@
-"""HSDP training with FSDP2: shard within a group of ranks, replicate across groups, the
-cross-replica reduction by gs-SGD or dense; the demo's CNN on real MNIST digits, or the LSTM
-language model on the standard library's sources.
+"""HSDP with FSDP2 and gs-SGD: the CNN sharded by ``fully_shard`` within a group of ranks, its
+gradients reduced across the replica groups by ``GsFsdpState`` (``register_fsdp_hooks``).
 
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --compression gs
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --compression none
-    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --model lm --hidden 512 --compression gs
+    torchrun --standalone --nproc_per_node 4 scripts/examples/train_fsdp.py --replicas 2
 
-The job's ranks form an R × S mesh (``--replicas R``, S = ranks / R): ``fully_shard`` on each
-module that holds parameters itself (the CNN's conv and linear layers; the LM's embedding, LSTM
-and decoder) and the root over the S ranks of a row. ``--compression gs``: FSDP on the 1-D
-shard mesh, ``gs_horovod.fsdp.GsFsdpState`` across the R replicas of each shard (GsSketch's
-options as ``--ratio``, ``--gs NAME=VALUE``, ...; those not given keep GsSketch's defaults).
-``--compression none``: plain HSDP, FSDP on the 2-D mesh, its own dense all-reduce.
-
-The training is ``train_torch.py``'s (``--model cnn``, the default: MNIST-5k, 4,000 training
-images split across all R·S ranks, each rank its own batch; ``gs_bench.workloads.MnistCNN``,
-824,458 parameters; its flags) or ``train_lm.py``'s (``--model lm``: each rank its own shard of
-the training bytes and its own windows; ``gs_bench.workloads.LstmLM``; its flags), run on
-:class:`FsdpRanks`. Every epoch (interval) reports the mean loss and the held-out accuracy
-(perplexity); at the end, the bytes a rank handed to the cross-replica collectives per step
-against its shard's, counted as they receive them (gs: the ``DistCollectives``' traffic of
-the replicate group, the engine's payload beside it; none: each FSDP module's reduce output
-as its all-reduce hook receives it after FSDP's all-reduce), and on the wire (ring all-reduce
-among R).
+The ranks form a ``--replicas`` R × S mesh (S = ranks / R). ``--ratio R`` fixes the fraction of
+coordinates sent a step (default: ``ratio="auto"``). The benchmark harness's version, with dense
+HSDP beside it, the LM and the byte counts: scripts/bench/train_fsdp.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from data import MnistCNN, mnist5k
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import fully_shard
 
-from gs_bench.cli import TorchRanks, check_lm_budget, demo_arguments, lm_arguments, local_bytes, method_options
-from gs_bench.methods import Meter
 from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
-from gs_horovod.transports.collective_cost import Traffic
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import train_lm  # noqa: E402
-import train_torch  # noqa: E402
-
-COMPRESSIONS = ["gs", "none"]
-TRAIN: dict[str, Callable[[argparse.Namespace, Any], dict]] = {"cnn": train_torch.train, "lm": train_lm.train}
+from gs_horovod.torchrun import init_process_group
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The flags of ``--model``'s example (train_torch.py's for cnn, train_lm.py's for lm), its
-    GsSketch flags, ``--replicas``."""
-    first = argparse.ArgumentParser(add_help=False)
-    first.add_argument("--model", choices=sorted(TRAIN), default="cnn")
-    model = first.parse_known_args(argv)[0].model
-    p = demo_arguments(__doc__, COMPRESSIONS) if model == "cnn" else lm_arguments(__doc__, COMPRESSIONS)
-    p.add_argument("--model", choices=sorted(TRAIN), default="cnn",
-                   help="cnn: MNIST-5k CNN, train_torch.py's flags (default); lm: stdlib-source LSTM, train_lm.py's")
-    p.add_argument("--replicas", type=int, default=2, help="R: the mesh's replicas; S = ranks / R shard each")
-    args = p.parse_args(argv)
-    if model == "lm":
-        return check_lm_budget(p, args)
-    if args.epochs is None:
-        args.epochs = train_torch.EPOCHS["cnn"]
-    return args
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=2, help="R; S = ranks / R shard the model")
+    p.add_argument("--ratio", type=float, help="k / d (default: ratio='auto')")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    return p.parse_args(argv)
 
 
-def shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
-    """fully_shard on each module that holds parameters itself, then the root, over ``mesh``."""
-    for module in list(model.modules())[1:]:
-        if any(True for _ in module.parameters(recurse=False)):
-            fully_shard(module, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+def main() -> None:
+    args = parse_args()
+    init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)  # every rank starts from the same weights
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (args.replicas, size // args.replicas), mesh_dim_names=("replicate", "shard"))
 
+    model = MnistCNN()
+    for layer in model:  # each layer with parameters, then the root, sharded over this rank's row
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    options = {} if args.ratio is None else {"ratio": args.ratio}
+    state = GsFsdpState(mesh.get_group("replicate"), model=model, **options)
+    register_fsdp_hooks(model, state)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-class NativeAllReduceCount:
-    """Counts plain HSDP's own cross-replica all-reduce: each FSDP module's reduce output, as its
-    all-reduce hook receives it once FSDP's all-reduce is done; ``traffic`` as a transport's, a
-    step ending when every module's has come."""
-
-    def __init__(self, model: torch.nn.Module, replicas: int) -> None:
-        self.traffic = Traffic(replicas)
-        self.modules = self.received_now = 0
-        for module in model.modules():
-            if isinstance(module, FSDPModule) and any(True for _ in module.parameters(recurse=False)):
-                module.set_all_reduce_hook(self.received)
-                self.modules += 1
-
-    def received(self, reduce_output: torch.Tensor) -> None:
-        self.traffic.add("allreduce", reduce_output.numel() * reduce_output.element_size())
-        self.received_now += 1
-        if self.received_now == self.modules:
-            self.traffic.end_step()
-            self.received_now = 0
-
-
-class FsdpRanks(TorchRanks):
-    """The ranks of a ``torchrun`` job (gloo) as an R × S mesh, with :class:`gs_bench.cli.TorchRanks`'
-    calls: ``distribute`` shards the model for ``--compression`` instead of DDP."""
-
-    def __init__(self, replicas: int) -> None:
-        super().__init__()
-        if replicas < 1 or self.size % replicas:
-            raise SystemExit(f"--replicas must divide the {self.size} ranks, got {replicas}")
-        self.replicas, self.shards = replicas, self.size // replicas
-        self.model: torch.nn.Module | None = None
-        self.state: GsFsdpState | None = None
-
-    def distribute(self, args: argparse.Namespace, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   optimizer_state: bool = True) -> tuple[torch.nn.Module, torch.optim.Optimizer, Meter]:
-        """(the sharded model, ``optimizer`` built anew over its sharded parameters, the meter of
-        the cross-replica traffic); every rank starts from the same weights (the same seed), so
-        no state is sent."""
-        if optimizer.state:
-            raise ValueError("FsdpRanks.distribute rebuilds the optimizer over the shards: give it one not yet stepped")
-        mesh = init_device_mesh("cpu", (self.replicas, self.shards), mesh_dim_names=("replicate", "shard"))
-        ratio, options = method_options(args)
-        self.model = model
-        if args.compression == "none":
-            traffic = NativeAllReduceCount(shard(model, mesh), self.replicas).traffic
-        else:
-            shard(model, mesh["shard"])
-            self.state = GsFsdpState(mesh.get_group("replicate"), model=model,
-                                     **({} if ratio is None else {"ratio": ratio}), **options)
-            register_fsdp_hooks(model, self.state)
-            traffic = self.state.comm.traffic
-        return model, type(optimizer)(model.parameters(), **optimizer.defaults), Meter.of_traffic(traffic)
-
-    def summary(self) -> str:
-        """The closing lines: the mesh and this rank's shard; gs: the engine's payload and exchange."""
-        line = (f"  mesh                {self.replicas} replicas × {self.shards} shards; dense = this rank's shard, "
-                f"{local_bytes(self.model):,} bytes")
-        if self.state is None:
-            return line
-        stats = self.state.stats
-        return (f"{line}\n  engine payload      {stats.total_bytes / max(1, stats.steps):,.0f} bytes/step (CommStats); "
-                f"exchange {self.state.engine.plan.exchange!r} among {self.replicas} replicas")
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    ranks = FsdpRanks(args.replicas)
-    try:
-        result = TRAIN[args.model](args, ranks)
-        if ranks.rank == 0:
-            print(ranks.summary(), flush=True)
-        return result
-    finally:
-        ranks.close()
+    x_train, y_train, x_test, y_test = map(torch.from_numpy, mnist5k(rank, size))
+    steps = len(x_train) // args.batch_size
+    for epoch in range(args.epochs):
+        order = torch.randperm(len(x_train))
+        for step in range(steps):
+            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        if rank == 0:
+            print(f"epoch {epoch + 1}  loss {loss.item():.4f}  held-out accuracy {accuracy:.4f}", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

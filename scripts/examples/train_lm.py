@@ -1,83 +1,64 @@
-"""Data-parallel training of a byte-level LSTM language model on the Python standard library's
-own ``.py`` sources with Horovod or DDP.
+"""Data-parallel training of a byte-level LSTM language model on the Python standard library's own
+``.py`` sources with Horovod, GsSketch as the ``compression`` of ``hvd.DistributedOptimizer``.
 
-    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py --compression gs --steps 60
-    torchrun --standalone --nproc_per_node 2 scripts/examples/train_lm.py --compression gs --steps 60
+    horovodrun -np 2 -H localhost:2 --gloo python scripts/examples/train_lm.py
 
-Data: ``gs_bench.workloads.stdlib_text``: about 10 % of the files held out, the training files' bytes
-cut into one contiguous shard per rank; each step takes random windows of its shard. Model:
-``gs_bench.workloads.LstmLM`` (11.48M parameters by default). Every ``--eval-every`` steps: mean
-training loss and the per-byte perplexity on the first ``--eval-windows`` windows of the
-held-out files; at the end, bytes per step against dense and steps/s. Same ``--compression``
-switch and GsSketch flags as ``scripts/examples/train_torch.py``, and the same DDP hooks under
-torchrun.
+Each rank trains on its own shard of the training files' bytes; every ``--eval-every`` steps rank
+0 prints the per-byte perplexity on held-out files. ``--ratio R`` fixes the fraction of
+coordinates sent a step (default: GsSketch's ``ratio="auto"``). The benchmark harness's version,
+with every baseline and the byte counts: scripts/bench/train_lm.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
 
+import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from data import LstmLM, stdlib_bytes, text_batch
 
-from gs_bench.cli import Report, add_simulated_flag, check_lm_budget, lm_arguments, local_bytes, run_on_ranks
-from gs_bench.methods import METHODS
-from gs_bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
+from gs_horovod.torch import GsSketch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = lm_arguments(__doc__, list(METHODS))
-    p.add_argument("--transport", "--merge", dest="transport", choices=["horovod", "mpi"], default="horovod",
-                   help="gs: run the collectives on Horovod's or on gs_horovod's MPI tree and mpi4py (needs "
-                        "--mpi); --merge is its former name")
-    add_simulated_flag(p)
-    return check_lm_budget(p, p.parse_args(argv))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ratio", type=float, help="k / d (default: GsSketch's ratio='auto')")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8, help="windows of --seq bytes per rank and step")
+    p.add_argument("--seq", type=int, default=64)
+    return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    return run_on_ranks(args, lambda ranks: train(args, ranks))
-
-
-def train(args: argparse.Namespace, ranks: Any) -> dict:
-    """One rank's training (``ranks``: gs_bench.cli's HorovodRanks, TorchRanks or
-    SimulatedTrainingRanks, or train_fsdp.py's FsdpRanks); its Report's result."""
-    torch.manual_seed(args.seed)
+def main() -> None:
+    args = parse_args()
+    hvd.init()
+    torch.manual_seed(0)
     torch.set_num_threads(1)
+    train, test = stdlib_bytes(hvd.rank(), hvd.size())
 
-    corpus = stdlib_text(ranks.rank, ranks.size)
-    model = LstmLM(embed=args.embed, hidden=args.hidden, layers=args.layers)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    net, optimizer, meter = ranks.distribute(args, model, optimizer, optimizer_state=False)
+    model = LstmLM(hidden=args.hidden)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    options = {} if args.ratio is None else {"ratio": args.ratio}
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=GsSketch(**options))
 
-    dense_bytes = local_bytes(model)
-    g = torch.Generator().manual_seed(args.seed + ranks.rank)
-    report = Report(args, ranks.rank, ranks.size, dense_bytes, meter.per_step, args.eval_every,
-                    args.steps // args.eval_every, period="interval", metric="perplexity")
-    for interval in report.periods():
-        model.train()
-        total = 0.0
-        for _ in range(args.eval_every):
-            inputs, targets = text_batch(corpus.train, args.batch_size, args.seq, g)
-            optimizer.zero_grad()
-            logits = net(inputs)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            loss.backward()
-            optimizer.step()
-            total += loss.item()
-            report.step()
-        train_loss = ranks.mean(total / args.eval_every)
-        ppl = perplexity(model, corpus.test, seq=args.eval_seq, max_windows=args.eval_windows)
-        report.record(interval, train_loss, ppl)
-    result = report.finish()
-    if ranks.rank == 0:
-        print(f"  model               {sum(p.numel() for p in model.parameters()):,} parameters; "
-              f"{len(corpus.train_files)} training files, {len(corpus.test_files)} held out "
-              f"(train loss {result['history'][-1]['loss']:.3f} nats = {math.exp(result['history'][-1]['loss']):.2f} "
-              "perplexity)", flush=True)
-    return result
+    g = torch.Generator().manual_seed(hvd.rank())
+    held_out = text_batch(test, 32, 128, torch.Generator().manual_seed(0))  # the same windows every time
+    for step in range(1, args.steps + 1):
+        inputs, targets = text_batch(train, args.batch_size, args.seq, g)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        loss.backward()
+        optimizer.step()
+        if step % args.eval_every == 0 and hvd.rank() == 0:
+            with torch.no_grad():
+                held = F.cross_entropy(model(held_out[0]).flatten(0, 1), held_out[1].flatten()).item()
+            print(f"step {step}  loss {loss.item():.3f}  held-out perplexity {math.exp(held):.2f}", flush=True)
 
 
 if __name__ == "__main__":
