@@ -240,3 +240,21 @@ def test_an_exchange_issues_the_collectives_it_declares_and_its_stats_count_them
             want["exact_bytes"] += want.pop("dense_bytes")
             counted.pop("dense_bytes")
         assert counted == want and all(want[c.counts + "_bytes"] > 0 for c in declared)
+
+
+def test_a_byte_kind_declared_two_ways_or_taken_from_the_step_is_refused(monkeypatch):
+    from gs_horovod.engine import payload
+    from gs_horovod.engine.exchanges.base import Collective, Exchange
+
+    class Odd(Exchange):
+        name = "odd"
+        collectives = (Collective("odd.gather", "allreduce", "gather"),)  # the others' "gather" is an allgather
+
+    monkeypatch.setitem(payload.EXCHANGES, "odd", Odd())
+    with pytest.raises(ValueError, match="'odd' declares byte kind 'gather' as 1 allreduce"):
+        payload._fields()
+    Odd.collectives = (Collective("odd.exact", "allreduce", "exact"),)
+    with pytest.raises(ValueError, match="the step's own"):
+        payload._fields()
+    Odd.collectives = (Collective("odd.first", "alltoall", "first"), Collective("odd.select", "allreduce", "select"))
+    assert payload._issue_order() == ["sketch", "alltoall", "first", "select", "gather"]

@@ -18,13 +18,8 @@ class Allgather(Exchange):
     name = "allgather"
     collectives = (Collective("gs_horovod.gather", "allgather", "gather"),)
     sends_pairs = True
-    # "auto" takes the allgather while its wire bytes are at most this many times the sparse
-    # exchange's. What it rests on (docs/design.md, "`auto`'s rule, measured"; docs/recovery_rule.jsonl:
-    # the 1.28M digits MLP and the MNIST CNN, k = D/1000, P = 2-16, 3 seeds of 20 steps each): the rule
-    # picked the exchange with more delivered mass per wire byte in every seed in 13 of 14 (model, P)
-    # cells; in the fourteenth (the CNN at P = 8) it took the sparse exchange at 2.04x, where the
-    # union carried 2.65x the mass. Delivered mass over short runs, two small models, one k: not
-    # time to accuracy, not large models.
+    # "auto" keeps the allgather while its wire bytes are at most twice the sparse exchange's
+    # (worth 1): measured by delivered mass per wire byte, docs/design.md "`auto`'s rule, measured"
     auto_worth = 2.0
 
     def default_apply(self, exact: bool) -> str:
