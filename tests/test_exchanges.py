@@ -10,6 +10,8 @@ import math
 
 import pytest
 
+from gs_horovod.engine.exchanges import EXCHANGES
+
 SETUPS = [("simulated", 2), ("simulated", 3), ("simulated", 4), ("horovod", 2), ("horovod", 4), ("mpi", 3),
           ("ddp", 3)]
 CASES = ("random", "ties", "one_region", "zero_rank")
@@ -182,3 +184,77 @@ def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, wire):
 def test_options_that_differ_across_ranks_raise_on_every_rank(ranks):
     for r in ranks:
         assert "options differ across ranks" in r["options_error"]
+
+
+class Ordered:
+    """Counts the bytes handed over by collective name (:class:`workers.handed_over.Counter`)
+    and keeps the names in the order they were issued."""
+
+    def __init__(self) -> None:
+        from workers.handed_over import Counter
+
+        self.counter, self.order = Counter(), []
+
+    def add(self, name: str, n: int) -> None:
+        self.counter.add(name, n)
+        self.order.append(name)
+
+
+@pytest.mark.parametrize("wire", ["fp32", "compact"])
+@pytest.mark.parametrize("exchange", list(EXCHANGES))
+def test_an_exchange_issues_the_collectives_it_declares_and_its_stats_count_them(exchange, wire):
+    # what CommStats, collectives_of and "auto" derive from an exchange's declaration holds: on
+    # 3 simulated ranks a step issues the declared names in the declared order (then the step's
+    # own allreduce: the exact round, or the small tensors), of the declared kinds, and the
+    # bytes handed to each, added up by the byte kind it declares, are CommStats' counts
+    import torch
+    from workers.handed_over import CHECKS, CountingCollectives
+
+    from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
+    from gs_horovod.kernels.torch_ops import TorchOps
+    from gs_horovod.transports.simulated import SimulatedRanks
+
+    declared = EXCHANGES[exchange].collectives
+    config = GsConfig(ratio=0.01, exchange=exchange, wire=wire, min_size=64, backend="torch")
+    gen = torch.Generator().manual_seed(5)
+    grads = [{n: torch.randn(d, generator=gen) for n, d in (("a", 3000), ("b", 1500), ("c", 10))} for _ in range(3)]
+
+    def rank(r, comm):
+        seen = Ordered()
+        state = EngineState(GsSgd(config, TorchOps("torch"), CountingCollectives(comm, seen)), CommStats())
+        state.step(grads[r])
+        return seen, state
+
+    for seen, state in SimulatedRanks(3).run(rank):
+        plan, stats = state.plan, state.stats
+        own = "gs_horovod.exact" if plan.exact else "gs_horovod.dense"
+        assert [n for n in seen.order if n not in CHECKS] == [c.name for c in declared] + [own]
+        kinds = [plan.allreduce_kind if c.kind == "allreduce" else c.kind for c in declared]
+        assert [k for k, _ in plan.collectives(config)] == kinds + [plan.allreduce_kind]
+        counted = {f: 0 for f in stats.counted() if f.endswith("_bytes")}
+        for c in declared:
+            counted[c.counts + "_bytes"] += seen.counter.by_name[c.name]
+        counted["exact_bytes" if plan.exact else "dense_bytes"] += seen.counter.by_name[own]
+        want = {f: getattr(stats, f) for f in counted}
+        if plan.exact:  # the small tensors travel in the exact round, counted as dense
+            want["exact_bytes"] += want.pop("dense_bytes")
+            counted.pop("dense_bytes")
+        assert counted == want and all(want[c.counts + "_bytes"] > 0 for c in declared)
+
+
+def test_a_byte_kind_declared_two_ways_or_taken_from_the_step_is_refused(monkeypatch):
+    from gs_horovod.engine import payload
+    from gs_horovod.engine.exchanges.base import Collective, Exchange
+
+    class Odd(Exchange):
+        name = "odd"
+        collectives = (Collective("odd.gather", "allreduce", "gather"),)  # the others' "gather" is an allgather
+
+    monkeypatch.setitem(payload.EXCHANGES, "odd", Odd())
+    with pytest.raises(ValueError, match="'odd' declares byte kind 'gather' as 1 allreduce"):
+        payload._fields()
+    Odd.collectives = (Collective("odd.exact", "allreduce", "exact"),)
+    with pytest.raises(ValueError, match="the step's own"):
+        payload._fields()
+    Odd.collectives = (Collective("odd.first", "alltoall", "first"), Collective("odd.select", "allreduce", "select"))
+    assert payload._issue_order() == ["sketch", "alltoall", "first", "select", "gather"]

@@ -157,12 +157,14 @@ class GsConfig:
         if self.apply is not None:
             check_choice("apply", self.apply, APPLY)
         check_choice("exchange", self.exchange, ("auto", *EXCHANGES))
-        pairs_only = self.exchange == "auto" or EXCHANGES[self.exchange].sends_pairs
-        if pairs_only and self.prefilter and self.candidates > self.prefilter:
+        may_run = [x for x in EXCHANGES.values() if x.auto_worth is not None] if self.exchange == "auto" \
+            else [EXCHANGES[self.exchange]]
+        if any(x.sends_pairs for x in may_run) and self.prefilter and self.candidates > self.prefilter:
+            others = " or ".join(f"exchange={name!r}" for name, x in EXCHANGES.items() if not x.sends_pairs)
             raise ValueError(f"candidates={self.candidates} exceeds prefilter={self.prefilter}: exchange="
                              f"{self.exchange!r} nominates from each rank's top-(prefilter·k) coordinates, at most "
                              "prefilter·k candidates; set prefilter >= candidates (or 0: every coordinate), or "
-                             "use exchange='sketch'")
+                             f"use {others}")
         check_number("warmup_steps", self.warmup_steps, int, 0, 2**62)
         check_number("min_size", self.min_size, int, 1, 2**62)
         check_number("momentum", self.momentum, float, 0.0, 1.0)

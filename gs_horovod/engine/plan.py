@@ -1,6 +1,6 @@
 """The plan of a step (:class:`Plan`): where each tensor sits in the step's vector, the groups
 that are compressed together, the exchange that runs them at this P (``exchange="auto"``'s
-rule), and the bytes one rank hands to collectives."""
+rule, from what the exchanges declare), and the bytes one rank hands to collectives."""
 
 from __future__ import annotations
 
@@ -12,32 +12,10 @@ from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig, check_choice
 from .density import DENSE
 from .exchanges import EXCHANGES
+from .exchanges.base import ExchangePlan, Group
 from .payload import Payload, collectives_of
 
 ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (transport="mpi")
-# "auto" takes the allgather while its wire bytes are at most this many times the sparse
-# exchange's. What it rests on (docs/design.md, "`auto`'s rule, measured"; docs/recovery_rule.jsonl:
-# the 1.28M digits MLP and the MNIST CNN, k = D/1000, P = 2-16, 3 seeds of 20 steps each): the rule
-# picked the exchange with more delivered mass per wire byte in every seed in 13 of 14 (model, P)
-# cells; in the fourteenth (the CNN at P = 8) it took the sparse exchange at 2.04x, where the
-# union carried 2.65x the mass. Delivered mass over short runs, two small models, one k: not
-# time to accuracy, not large models.
-UNION_WORTH = 2.0
-
-
-@dataclass(frozen=True)
-class Group:
-    """A run of coordinates [start, start + size) of the step's vector, selected together:
-    ``k`` applied, ``cols`` sketch columns, ``fed`` coordinates each rank feeds the exchange
-    (L·k, or size without pre-filter), ``nominated`` coordinates the exchange nominates (m·k,
-    m the option ``candidates``; at most L·k under the exchanges that send pairs)."""
-
-    start: int
-    size: int
-    k: int
-    cols: int
-    fed: int
-    nominated: int
 
 
 def starts_of(sizes: tuple[int, ...]) -> list[int]:
@@ -83,14 +61,15 @@ class Plan:
               dense_sizes: tuple[int, ...] = (), *, ranks: int, allreduce_kind: str = "allreduce",
               level: Optional[float] = None) -> Plan:
         """``names`` must be sorted (every rank lays tensors out alike); raises if k > a group.
-        ``exchange="auto"`` plans the allgather and the sparse exchange, each with its exact
-        round as :meth:`GsConfig.exact_for` says, and keeps the allgather while its wire bytes at
-        P = ``ranks``, with the allreduces (threshold rounds, exact round, small tensors) priced as
-        ``allreduce_kind`` (:meth:`collectives` through :func:`total_wire_bytes`), are at most
-        :data:`UNION_WORTH` times the sparse exchange's: the rule that measured delivered mass
-        per wire byte gives (docs/design.md, "Exchange by P"). The sketch never delivered more
-        per byte than the sparse exchange, so "auto" picks it only for a vector too long for
-        the int32 indices of ``wire="fp32"``. ``level`` (``ratio="auto"`` only): the fraction of
+        ``exchange="auto"`` plans every exchange with an ``auto_worth``
+        (:class:`~gs_horovod.engine.exchanges.base.Exchange`) that can send the vector (one that
+        sends pairs needs ``config.codec.holds(total)``), each with its exact round as
+        :meth:`GsConfig.exact_for` says, and keeps the one of fewest wire bytes at P = ``ranks``
+        divided by its worth, the allreduces priced as ``allreduce_kind`` (:meth:`collectives`
+        through :func:`total_wire_bytes`; the first in :data:`EXCHANGES` on a tie): the rule that
+        measured delivered mass per wire byte gives (docs/design.md, "Exchange by P"); where none
+        can, the first exchange without a worth that can (the sketch: a vector too long for the
+        int32 indices of ``wire="fp32"``). ``level`` (``ratio="auto"`` only): the fraction of
         each group sent; :data:`~gs_horovod.engine.density.DENSE` plans no group, every tensor
         sent in float16."""
         check_choice("allreduce_kind", allreduce_kind, ALLREDUCE_KINDS)
@@ -128,11 +107,17 @@ class Plan:
 
         if config.exchange != "auto":
             return planned(config.exchange)
-        if not config.codec.holds(total):
-            return planned("sketch")
-        gather, sparse = planned("allgather"), planned("sparse")
-        wire = {plan.exchange: total_wire_bytes(plan.collectives(config), ranks) for plan in (gather, sparse)}
-        return gather if wire["allgather"] <= UNION_WORTH * wire["sparse"] else sparse
+        runs = [x for x in EXCHANGES.values() if not x.sends_pairs or config.codec.holds(total)]
+        worth = {x.name: x.auto_worth for x in runs if x.auto_worth is not None}
+        if not worth:
+            return planned(next(x.name for x in runs if x.auto_worth is None))
+        best, best_wire = None, 0.0
+        for name in worth:  # the fewest wire bytes / worth, compared as wire_a · worth_b <= wire_b · worth_a
+            plan = planned(name)
+            wire = total_wire_bytes(plan.collectives(config), ranks)
+            if best is None or wire * worth[best.exchange] < best_wire * worth[name]:
+                best, best_wire = plan, wire
+        return best
 
     @classmethod
     def split(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int,
@@ -152,6 +137,11 @@ class Plan:
         """The dtype a dense step sends: "float16" at the DENSE level, else "float32" (warm-up,
         nothing to compress)."""
         return "float16" if self.level == DENSE else "float32"
+
+    @property
+    def for_exchange(self) -> ExchangePlan:
+        """What the exchange reads of this plan."""
+        return ExchangePlan(self.groups, self.total, self.ranks, self.apply == "all" and not self.exact)
 
     @property
     def all_names(self) -> tuple[str, ...]:
@@ -177,8 +167,8 @@ class Plan:
             itemsize = 2 if self.level == DENSE else 4
             return Payload(dense=(self.total + sum(self.dense_sizes)) * itemsize)
         exact = sum(g.nominated for g in self.groups) * 4 if self.exact else 0
-        own = EXCHANGES[self.exchange].payload(self, config, measured)
-        return own._replace(exact=exact, dense=sum(self.dense_sizes) * 4)
+        own = EXCHANGES[self.exchange].payload(self.for_exchange, config, measured)
+        return Payload(**own, exact=exact, dense=sum(self.dense_sizes) * 4)
 
     def collectives(self, config: GsConfig, dense: bool = False) -> list[tuple[str, float]]:
         """One step's (kind, payload bytes) collectives (:func:`collectives_of` of

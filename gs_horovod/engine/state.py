@@ -13,7 +13,7 @@ captured, not swapped for a new buffer as here. It shares the plan rule
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -26,12 +26,19 @@ from .payload import Payload
 from .plan import Plan
 from .step import GsSgd, Prior, StepResult
 
+ByteCounts = make_dataclass("ByteCounts", [(f + "_bytes", int, field(default=0)) for f in Payload._fields])
+ByteCounts.__module__ = __name__
+ByteCounts.__doc__ = """Payload bytes by byte kind, cumulative: ``<kind>_bytes`` for each field of
+:class:`~gs_horovod.engine.payload.Payload`, in its order (the byte kinds the exchanges declare,
+then ``exact`` and ``dense``)."""
+
 
 @dataclass
-class CommStats:
-    """Payload bytes this rank handed to collectives, by collective (the fields of
-    :class:`~gs_horovod.engine.payload.Payload`: the sketch merge, the allgather, the sparse
-    exchange's alltoall and threshold rounds, the exact round, dense steps and tensors), and
+class CommStats(ByteCounts):
+    """Payload bytes this rank handed to collectives, by byte kind (:class:`ByteCounts`, the
+    fields of :class:`~gs_horovod.engine.payload.Payload`: ``sketch_bytes``, ``gather_bytes``,
+    ``alltoall_bytes``, ``select_bytes`` as the exchanges declare them, ``exact_bytes``, and
+    ``dense_bytes``: dense steps and tensors), and
     steps (cumulative); ``skipped``: steps dropped for NaN/Inf under nonfinite="skip";
     ``lost_residual``: Σ e² of the residuals that ranks removed by Horovod elastic resets held
     at their last commit (:mod:`gs_horovod.elastic`), gradient mass never applied;
@@ -39,12 +46,6 @@ class CommStats:
     float16; :mod:`gs_horovod.engine.density`), 0 otherwise; ``density_changes``: how often
     it changed."""
 
-    sketch_bytes: int = 0
-    gather_bytes: int = 0
-    alltoall_bytes: int = 0
-    select_bytes: int = 0
-    exact_bytes: int = 0
-    dense_bytes: int = 0
     steps: int = 0
     skipped: int = 0
     lost_residual: float = 0.0

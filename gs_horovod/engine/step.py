@@ -45,7 +45,7 @@ from ..kernels.hashing import hash_keys
 from ..transports.protocol import Collectives
 from .config import GsConfig
 from .exchanges import EXCHANGES
-from .exchanges.base import Nominated
+from .exchanges.base import Context, Nominated
 from .guard import nonfinite_parts, options_differ
 from .plan import Plan, starts_of
 
@@ -103,11 +103,17 @@ class Selection(NamedTuple):
 class GsSgd:
     """gs-SGD for one optimizer on one rank: config, array ops and collectives; stateless
     itself (:class:`gs_horovod.engine.state.EngineState`, or TF's variables, keep what a step
-    returns)."""
+    returns). The exchange is handed a :class:`~gs_horovod.engine.exchanges.base.Context` and
+    the plan's :attr:`Plan.for_exchange`, never this object."""
 
     def __init__(self, config: GsConfig, ops: ArrayOps, comm: Collectives) -> None:
         self.config, self.ops, self.comm = config, ops, comm
         self.keys = hash_keys(config.seed)
+
+    @property
+    def context(self) -> Context:
+        """What an exchange works with: ops, collectives, options, wire format, hash keys."""
+        return Context(self.ops, self.comm, self.config, self.config.codec, self.keys)
 
     def step(self, plan: Plan, grads: list[Array], residual: Array, momentum: Optional[Array], steps: Any,
              check_options: Any, dense: list[Array] = ()) -> StepResult:
@@ -181,7 +187,7 @@ class GsSgd:
         exchange = EXCHANGES[plan.exchange]
         fed = [ops.top_abs(ops.slice(acc.a, g.start, g.size), g.fed) + g.start for g in plan.groups] \
             if cfg.prefilter or exchange.sends_pairs else []
-        nominated = exchange.nominate(self, plan, acc.a, fed)
+        nominated = exchange.nominate(self.context, plan.for_exchange, acc.a, fed)
         local = partial(self._parts, plan, acc)
         checks = [*checks, self._fail_unless_finite(plan, nominated.finite, local, prior.steps)]
         if plan.exact:

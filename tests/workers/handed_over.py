@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-# the engine's collectives by name, and the CommStats field that counts each
-ENGINE = {"gs_horovod.sketch": "sketch", "gs_horovod.gather": "gather", "gs_horovod.sparse": "alltoall",
-          "gs_horovod.select.high": "select", "gs_horovod.select.low": "select",
-          "gs_horovod.sparse.selected": "gather", "gs_horovod.exact": "exact", "gs_horovod.dense": "dense"}
+from gs_horovod.engine.exchanges import EXCHANGES
+
+# the engine's collectives by name, and the CommStats field that counts each: what every
+# exchange declares, and the step's own
+ENGINE = {**{c.name: c.counts for x in EXCHANGES.values() for c in x.collectives},
+          "gs_horovod.exact": "exact", "gs_horovod.dense": "dense"}
 # the engine's agreement checks (a few int64s, not payload)
 CHECKS = ("gs_horovod.options", "gs_horovod.selections", "gs_horovod.nonfinite")
 

@@ -102,8 +102,8 @@ def selection_checksum(out: dict, exchange: str, x, y) -> None:
         skewed_exchange = EXCHANGES_BY_NAME[exchange]
         nominate = skewed_exchange.nominate
 
-        def skewed_nominate(sgd, plan, a, fed):
-            nominated = nominate(sgd, plan, a, fed)
+        def skewed_nominate(ctx, plan, a, fed):
+            nominated = nominate(ctx, plan, a, fed)
             return nominated._replace(groups=[c._replace(idx=(c.idx + 1) % plan.total) for c in nominated.groups])
 
         skewed_exchange.nominate = skewed_nominate  # this process's exchange object: undone below

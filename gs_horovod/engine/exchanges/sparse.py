@@ -27,27 +27,26 @@ when the transport sums), so nothing is lost over steps.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
 from ...array_ops import Array
-from ..payload import Payload
-from .base import Exchange, Nominated, Nominees, union_sum
-
-if TYPE_CHECKING:
-    from ..config import GsConfig
-    from ..plan import Plan
-    from ..step import GsSgd
+from .base import Collective, Context, Exchange, ExchangePlan, Nominated, Nominees, Options, union_sum
 
 RADIX_BINS = 256  # histogram bins per group in each of the two threshold rounds
 
 
 class Sparse(Exchange):
     name = "sparse"
+    collectives = (Collective("gs_horovod.sparse", "alltoall", "alltoall"),
+                   Collective("gs_horovod.select.high", "allreduce", "select"),
+                   Collective("gs_horovod.select.low", "allreduce", "select"),
+                   Collective("gs_horovod.sparse.selected", "allgather", "gather"))
     sends_pairs = True
+    auto_worth = 1.0
 
-    def payload(self, plan: Plan, config: GsConfig, measured: Optional[tuple[Any, Any]]) -> Payload:
+    def payload(self, plan: ExchangePlan, config: Options, measured: Optional[tuple[Any, Any]]) -> dict[str, int]:
         """Measured: (routed, gathered) bytes as the step handed them over; planned (None): the
         pairs spread evenly over the P owners, and an even share of the m·k selected."""
         fed, chosen, P = sum(g.fed for g in plan.groups), sum(g.nominated for g in plan.groups), plan.ranks
@@ -57,31 +56,31 @@ class Sparse(Exchange):
         else:
             routed = config.codec.planned_bytes(fed, P, plan.total)
             gathered = -(-config.codec.planned_bytes(chosen, P, plan.total) // P)
-        return Payload(gather=gathered, alltoall=routed, select=select)
+        return {"alltoall": routed, "select": select, "gather": gathered}
 
     @staticmethod
-    def count_bits(plan: Plan) -> int:
+    def count_bits(plan: ExchangePlan) -> int:
         """Bits of the largest count a histogram bin can reach: a group's union, at most
         P·L·k of its coordinates and at most all of them."""
         return max(min(plan.ranks * g.fed, g.size) for g in plan.groups).bit_length()
 
-    def nominate(self, sgd: GsSgd, plan: Plan, a: Array, fed: list[Array]) -> Nominated:
+    def nominate(self, ctx: Context, plan: ExchangePlan, a: Array, fed: list[Array]) -> Nominated:
         """Candidates: the top-(m·k) of the union's sums per group, on every rank alike; finite:
         they are; routed / gathered: the bytes of this rank's alltoall and allgather. With
         ``wire="fp32"`` or ``"compact"`` nothing here depends on which rank owns what: the sums
         are the allgather exchange's, bit for bit (with the compact wire: of the same rounded
         values); with ``"compact8"`` an owner's sums are rounded at the scale of its largest, so
         their rounding depends on the owners' hash."""
-        ops, comm, codec = sgd.ops, sgd.comm, sgd.config.codec
+        ops, comm, codec = ctx.ops, ctx.comm, ctx.codec
         mine = ops.concat(fed)
         own = codec.rounded(ops, ops.take(a, mine))  # one scale for all
-        owner = ops.owner_of(mine, comm.size, sgd.keys)
+        owner = ops.owner_of(mine, comm.size, ctx.keys)
         order = ops.stable_order(owner)  # by owner; ascending within each
         routed, routed_vals = ops.take(mine, order), ops.take(own, order)
         share = math.ceil(sum(g.fed for g in plan.groups) / plan.ranks)  # each destination's, planned
         idx, vals, counts, routed_bytes = codec.alltoall(ops, comm, routed, routed_vals, ops.count(owner, comm.size),
                                                          plan.total, share, "gs_horovod.sparse")
-        union, exact_sums = union_sum(sgd, idx, vals, counts)
+        union, exact_sums = union_sum(ctx, idx, vals, counts)
         sums = codec.rounded(ops, exact_sums)  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.nominated for g in plan.groups], np.int32), union)
