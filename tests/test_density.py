@@ -64,16 +64,35 @@ def test_more_compute_a_step_buys_a_denser_level():
 
 def test_a_window_takes_the_least_exchange_and_the_slowest_compute():
     d = Density(DENSE, WINDOW)
-    waited = np.array([[0.5, 0.30, WINDOW], [0.4, 0.05, WINDOW]])  # rank 0 waited for rank 1
+    waited = np.array([[0.5, 0.30, 0.30, WINDOW], [0.4, 0.05, 0.05, WINDOW]])  # rank 0 waited for rank 1
     assert d.decide(lambda local: waited, wire_of, 0.5) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
-    assert d.seconds == {DENSE: 0.01} and d.measured == 0
+    assert d.seconds == {DENSE: 0.01} and d.links == {DENSE: 0.01} and d.measured == 0
     d = Density(DENSE, WINDOW)
-    assert d.decide(lambda local: waited[::-1] * [1, 6, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
+    assert d.decide(lambda local: waited[::-1] * [1, 6, 6, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
+
+
+def test_a_dense_step_beside_backward_costs_its_tail_and_prices_bytes_by_its_link():
+    """Overlapped dense steps: the exposed seconds t_x decide dense against sparse, the link's
+    seconds t_l price a byte for the sparse levels."""
+    hidden = {DENSE: 0.01}  # 0.01 s exposed after backward
+    assert choose(0.5, 0.1, hidden, wire_of, {DENSE: 0.5}) == DENSE  # the tail fits the budget
+    tail = {DENSE: 0.2}
+    by_link, by_tail = choose(0.5, 0.1, tail, wire_of, {DENSE: 0.6}), choose(0.5, 0.1, tail, wire_of)
+    assert by_link in LEVELS and by_tail in LEVELS and by_link < by_tail, (by_link, by_tail)
+    d = Density()
+    d.observe(None, 1.0)
+    d.observe(0.1, 9.0)  # the level's first step: not counted
+    for _ in range(WINDOW):
+        d.observe(0.1, 0.2, 0.6)
+    assert d.decide(lambda local: local[None], wire_of, 0.5) == by_link
+    assert d.seconds[DENSE] == pytest.approx(0.2) and d.links[DENSE] == pytest.approx(0.6)
 
 
 def test_density_state_survives_its_state_dict():
-    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1)
+    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04})
     assert Density.from_state(d.state_dict()) == d
+    before_links = {k: v for k, v in d.state_dict().items() if k not in ("link", "links")}
+    assert Density.from_state(before_links) == Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.1)
     with pytest.raises(ValueError, match="saved density level 0.3"):
         Density.from_state({**d.state_dict(), "level": 0.3})
 

@@ -11,11 +11,16 @@ three floats each and every rank, from the same numbers, chooses::
                (forward, backward, optimizer, data), the slowest rank's window mean
     t_x(L)     seconds of the engine step at level L (selection, collectives, decoding), the
                least of the ranks' window means: a rank's collectives also wait for the
-               slowest rank, and the rank that waited least measured the exchange itself
+               slowest rank, and the rank that waited least measured the exchange itself.
+               A dense step that overlaps backward (:meth:`EngineState.dense_ahead`) costs
+               only what backward did not hide: from its last gradient to its end
+    t_l(L)     the link's seconds of the step, the same least mean: t_x(L), except for a
+               dense step that overlaps backward, where its allreduces run from the step's
+               first gradient to its end (an upper bound where backward outlasts them)
     L          the densest of LEVELS whose link seconds fit:  wire(L) · per_byte ≤ budget · t_c
     L*         DENSE if  cost(DENSE) ≤ max(budget · t_c, cost(L)),  else L
     cost(L)    t_x(L) where L was measured; else fixed + wire(L) · per_byte (DENSE: no fixed)
-    per_byte   t_x(DENSE) / wire(DENSE)         (seconds a wire byte costs, from the dense window)
+    per_byte   t_l(DENSE) / wire(DENSE)         (seconds a wire byte costs, from the dense window)
     fixed      t_x(S) − wire(S) · per_byte ≥ 0  (the selection's own seconds, from the densest
                sparse level S measured; 0 before one)
 
@@ -42,14 +47,17 @@ DEFAULT_BUDGET = 0.5
 CHOICES = (*LEVELS, DENSE)
 
 
-def choose(budget: float, compute: float, seconds: dict[float, float], wire: Callable[[float], float]) -> float:
+def choose(budget: float, compute: float, seconds: dict[float, float], wire: Callable[[float], float],
+           links: Optional[dict[float, float]] = None) -> float:
     """The level of the module's rule: the densest of :data:`LEVELS` whose link seconds are at most
     ``budget · compute`` (else the sparsest), or DENSE where that costs no more than the budget or
-    than the sparse level. ``seconds``: level → measured mean seconds of its engine step;
+    than the sparse level. ``seconds``: level → measured mean seconds of its engine step (t_x);
+    ``links``: level → the link's mean seconds where they differ from t_x (t_l);
     ``wire``: level → wire bytes of its plan."""
+    links = {**seconds, **(links or {})}
     per_byte = 0.0
-    if DENSE in seconds and wire(DENSE) > 0:
-        per_byte = seconds[DENSE] / wire(DENSE)
+    if DENSE in links and wire(DENSE) > 0:
+        per_byte = links[DENSE] / wire(DENSE)
     sparse = [lv for lv in LEVELS if lv in seconds]
     fixed = max(0.0, seconds[sparse[-1]] - wire(sparse[-1]) * per_byte) if sparse else 0.0
 
@@ -70,9 +78,10 @@ class Density:
     checkpoints, :meth:`state_dict`).
 
     level: the fraction of D the next step sends (a :data:`CHOICES` value; DENSE: all of it in
-    float16); measured: steps measured at this level in the current window; compute / exchange:
-    this rank's summed seconds of those steps (its own, until agreed); seconds: level → agreed
-    mean seconds of its engine step; changes: how often the level changed."""
+    float16); measured: steps measured at this level in the current window; compute / exchange /
+    link: this rank's summed seconds of those steps (its own, until agreed); seconds / links:
+    level → agreed mean seconds of its engine step (t_x) and of its link (t_l); changes: how
+    often the level changed."""
 
     level: float = DENSE
     measured: int = -1  # the first step at a level is not measured
@@ -80,15 +89,18 @@ class Density:
     exchange: float = 0.0
     seconds: dict[float, float] = field(default_factory=dict)
     changes: int = 0
+    link: float = 0.0
+    links: dict[float, float] = field(default_factory=dict)
 
     @property
     def due(self) -> bool:
         """Whether a window is complete: the next step starts with :meth:`decide`."""
         return self.measured >= WINDOW
 
-    def observe(self, compute: Optional[float], exchange: float) -> None:
+    def observe(self, compute: Optional[float], exchange: float, link: Optional[float] = None) -> None:
         """Counts one step at :attr:`level`: ``compute`` seconds before it (None: unknown, e.g.
-        the first step) and ``exchange`` seconds of the engine step."""
+        the first step), ``exchange`` seconds of the engine step, and ``link`` seconds of its
+        collectives where they ran beside backward (None: the exchange's)."""
         if compute is None:
             return
         if self.measured < 0:
@@ -97,27 +109,31 @@ class Density:
         self.measured += 1
         self.compute += compute
         self.exchange += exchange
+        self.link += exchange if link is None else link
 
     def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float],
                budget: float) -> float:
-        """Ends the window under ``budget``: ``share`` gathers every rank's (3,) [compute, exchange, steps] as (P, 3)
-        (one allgather, collective); the level is then chosen from them (:func:`choose`: the
-        slowest rank's compute, the least exchange), the same on every rank. Returns the new level."""
-        every = np.asarray(share(np.array([self.compute, self.exchange, self.measured], dtype=np.float64)),
-                           dtype=np.float64).reshape(-1, 3)
-        steps = np.maximum(every[:, 2], 1.0)
+        """Ends the window under ``budget``: ``share`` gathers every rank's (4,) [compute, exchange,
+        link, steps] as (P, 4) (one allgather, collective); the level is then chosen from them
+        (:func:`choose`: the slowest rank's compute, the least exchange and link), the same on
+        every rank. Returns the new level."""
+        local = np.array([self.compute, self.exchange, self.link, self.measured], dtype=np.float64)
+        every = np.asarray(share(local), dtype=np.float64).reshape(-1, 4)
+        steps = np.maximum(every[:, 3], 1.0)
         self.seconds[self.level] = float((every[:, 1] / steps).min())
-        chosen = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire)
+        self.links[self.level] = float((every[:, 2] / steps).min())
+        chosen = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
         if chosen != self.level:
             self.level, self.changes, self.measured = chosen, self.changes + 1, -1
         else:
             self.measured = 0
-        self.compute = self.exchange = 0.0
+        self.compute = self.exchange = self.link = 0.0
         return self.level
 
     def restart(self) -> None:
         """Forgets every measurement and starts at DENSE again (every rank alike)."""
         self.level, self.measured, self.compute, self.exchange, self.seconds = DENSE, -1, 0.0, 0.0, {}
+        self.link, self.links = 0.0, {}
 
     def state_dict(self) -> dict[str, Any]:
         """Plain floats and ints (checkpoint-safe)."""
@@ -130,4 +146,6 @@ class Density:
         if not any(math.isclose(level, c) for c in CHOICES):
             raise ValueError(f"saved density level {level} is not one of {CHOICES}")
         return cls(level, int(state["measured"]), float(state["compute"]), float(state["exchange"]),
-                   {float(k): float(v) for k, v in state["seconds"].items()}, int(state["changes"]))
+                   {float(k): float(v) for k, v in state["seconds"].items()}, int(state["changes"]),
+                   float(state.get("link", state["exchange"])),
+                   {float(k): float(v) for k, v in state.get("links", {}).items()})

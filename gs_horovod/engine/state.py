@@ -128,6 +128,7 @@ class EngineState:
         self.clock = clock
         self._ended: Optional[float] = None  # the clock at the end of the last step
         self._recorded: Optional[float] = None  # the clock at the step's last record
+        self._first: Optional[float] = None  # the clock at the step's first record
         self._zero = True  # residual and momentum are zero (no step yet, or a dense one last)
         self._wires: dict[tuple[Any, ...], float] = {}
         self.plan: Optional[Plan] = None
@@ -152,9 +153,11 @@ class EngineState:
             self.grads, self.updates, self.means = {}, None, {}
         if not self.grads:
             self.early = self.dense_ahead()
+            self._first = self._recorded = None
         self.grads[name] = grad
         if self.density is not None:
             self._recorded = self.clock()
+            self._first = self._recorded if self._first is None else self._first
 
     def dense_ahead(self) -> bool:
         """Whether the next step sends every a = g as it is (the DENSE level of ``ratio="auto"``
@@ -186,7 +189,7 @@ class EngineState:
             result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
         self.updates = {}
-        return self._store(plan, named, result, ended, begun, begun)
+        return self._store(plan, named, result, ended, begun, begun, self._first)
 
     def update_of(self, name: str) -> Array:
         """The step's update (d,) f32 of ``name``; the first call runs the step over every
@@ -223,18 +226,21 @@ class EngineState:
         return {n: self.ops.zeros_like(g) for n, g in grads.items()}
 
     def _store(self, plan: Plan, named: list[tuple[str, int]], result: StepResult, ended: Optional[float],
-               begun: Optional[float], started: Optional[float]) -> dict[str, Array]:
+               begun: Optional[float], started: Optional[float], linked: Optional[float] = None) -> dict[str, Array]:
         """After a step of ``plan``: the density's measurement (compute from the last step's end
-        ``ended`` to ``begun``, exchange from ``started`` to now) and, at a window's end, its next
-        level (decided now, so that the next step's first record knows it); the counts; the new
-        state unless the step was skipped. Returns each tensor's update, a view of the flat one."""
+        ``ended`` to ``begun``, exchange from ``started`` to now, the link from ``linked``, the
+        first gradient of a step whose allreduces ran beside backward, to now) and, at a window's
+        end, its next level (decided now, so that the next step's first record knows it); the
+        counts; the new state unless the step was skipped. Returns each tensor's update, a view of
+        the flat one."""
         config, density, ops = self.sgd.config, self.density, self.ops
         warm = self.steps < config.warmup_steps
         self.checked = True
         if density is not None:
             ops.wait(result.update)
             self._ended = self.clock()
-            density.observe(None if ended is None or begun is None else begun - ended, self._ended - started)
+            density.observe(None if ended is None or begun is None else begun - ended, self._ended - started,
+                            None if linked is None else self._ended - linked)
             if density.due:
                 density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
             self.stats.density, self.stats.density_changes = plan.level, density.changes
