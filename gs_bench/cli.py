@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator
 import psutil
 from tqdm import tqdm
 
+from .runs import code_version
+
 
 def demo_arguments(description: str, compressions: list[str]) -> argparse.ArgumentParser:
     """The flags both demos take (data, model, optimizer, output) and :func:`add_compression_flags`."""
@@ -325,7 +327,7 @@ class Report:
         self.bar.close()
         seconds = time.perf_counter() - self.start
         result = {"args": vars(self.args), "ranks": self.size, "dense_bytes_per_step": self.dense_bytes,
-                  "seconds": seconds, "history": self.history}
+                  "seconds": seconds, "history": self.history, "code": code_version()}
         if self.rank == 0:
             (sent, wire), last = self.per_step(), self.history[-1][self.metric]
             values = [h[self.metric] for h in self.history]
