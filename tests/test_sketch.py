@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from count_sketch import CountSketch
 
 from gs_horovod.kernels.torch_ops import TorchOps
-from gs_horovod.sketch import CountSketch
 
 BACKENDS = ["torch", "numba", "cuda"]
 # the CUDA simulator runs the device functions on NumPy uint64 scalars, which warn on wrap-around

@@ -8,12 +8,13 @@ import math
 
 import torch
 
+from gs_bench.one_receiver import gather, pairwise
 from gs_horovod.codecs import CODECS
 from gs_horovod.kernels import torch_ops
 from gs_horovod.kernels.hashing import hash_keys
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.collective_cost import Collective
-from gs_horovod.transports.protocol import Collectives, gather, pairwise
+from gs_horovod.transports.protocol import Collectives
 
 from .reducer import Reducer, Span
 

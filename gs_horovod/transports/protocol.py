@@ -51,7 +51,7 @@ class Collectives(Protocol):
         """Sends x[Σ_{q<r} splits[q] : Σ_{q≤r} splits[q]] (bits untouched) to rank r, for splits
         (P,) int32 summing to len(x); returns (what every rank sent here, concatenated in rank
         order; the sizes received from each rank (P,) int32). ``kind``: the wire algorithm it
-        is counted as (:func:`pairwise` and :func:`gather` are alltoalls with one receiver)."""
+        is counted as (the harness's ``pairwise`` and ``gather`` are alltoalls with one receiver)."""
 
     def broadcast(self, x: Array, name: str) -> Array:
         """Rank 0's x (n,) on every rank (the others pass any (n,) of the same dtype)."""
@@ -71,26 +71,6 @@ def half_prescaled(ops: ArrayOps, x: Array, size: int) -> Array:
     transport sums to average a float16 payload (the sketch), so that the f16 sum cannot
     overflow where the mean does not (Horovod's prescale does the same)."""
     return ops.cast(ops.cast(x, "float32") * (1.0 / size), "float16")
-
-
-def _one_receiver(comm: Collectives, x: Any, dest: int, name: str, kind: str) -> Any:
-    import torch
-
-    splits = torch.tensor([x.numel() if r == dest else 0 for r in range(comm.size)], dtype=torch.int32)
-    return comm.alltoall(x, splits, name, kind=kind)[0]
-
-
-def pairwise(comm: Collectives, x: Any, partner: int, name: str) -> Any:
-    """Swaps the torch tensor x (n,) with ``partner``, which swaps an (n,) back: the partner's
-    x. One alltoall with one non-empty split, counted as one ``pairwise`` exchange."""
-    return _one_receiver(comm, x, partner, name, "pairwise")
-
-
-def gather(comm: Collectives, x: Any, name: str) -> Optional[Any]:
-    """The torch tensor x (n,) of every rank as (P, n) on rank 0, None on the others: one
-    alltoall into rank 0, counted as a ``gather`` (a star)."""
-    got = _one_receiver(comm, x, 0, name, "gather")
-    return got.view(comm.size, -1) if comm.rank == 0 else None
 
 
 def count(traffic: Optional[Traffic], kind: str, x: Any, wire: Optional[float] = None) -> None:

@@ -26,10 +26,10 @@ import horovod.torch as hvd
 import torch
 
 from gs_bench.cli import append_jsonl
+from gs_bench.one_receiver import gather, pairwise
 from gs_bench.runs import add_out_flags, check_out, stamp
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.horovod import HorovodCollectives
-from gs_horovod.transports.protocol import gather, pairwise
 
 KINDS = ("allreduce", "allgather", "alltoall", "pairwise", "gather", "broadcast")
 SIZES = (4 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20)

@@ -1,6 +1,6 @@
 """Count-Sketch: a linear, mergeable summary of a length-d vector in rows × cols floats, over
-any framework's :class:`~gs_horovod.array_ops.ArrayOps` (the engine calls the kernels directly;
-this class serves tests and experiments).
+any framework's :class:`~gs_horovod.array_ops.ArrayOps`: the reference the tests check the
+kernels' linearity and heavy hitters against (the engine calls the kernels directly).
 
 For rows j = 0..r-1 with bucket hash b_j and sign hash s_j (see :mod:`gs_horovod.kernels.hashing`)::
 
@@ -15,8 +15,8 @@ pruned scan that never materialises the d estimates.
 
 from __future__ import annotations
 
-from .array_ops import Array, ArrayOps
-from .kernels.hashing import MAX_COLS, hash_keys
+from gs_horovod.array_ops import Array, ArrayOps
+from gs_horovod.kernels.hashing import MAX_COLS, hash_keys
 
 
 class CountSketch:
