@@ -156,7 +156,7 @@ class GsState(CheckpointApi):
         try:
             work.wait()
             self.agree(float(flags[0]))
-            if engine.early and engine.dense_ahead():  # else a restore gave residuals back: the engine sends a
+            if engine.keep_early():
                 updates = None
                 for _, names, _, (half, reduced) in pending:
                     reduced.wait()

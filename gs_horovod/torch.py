@@ -108,7 +108,7 @@ class GsSketch(GsSketchBase, Compressor):
         if state.updates is None and not state.means:  # the step's first decompress: its flags arrived
             comm = state.sgd.comm
             self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))  # CheckpointApi.agree
-            state.early = state.early and state.dense_ahead()  # a restore gave residuals back: the engine sends a
+            state.keep_early()
             self._early_out[state] = {}
         if not (ctx.early and state.early):
             return state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)

@@ -168,6 +168,13 @@ class EngineState:
         return density is not None and density.level == DENSE and not density.due and self._zero \
             and not self.pending
 
+    def keep_early(self) -> bool:
+        """After the step's flags were agreed (a restore may have handed residuals back): whether
+        this step stays :attr:`early`; if not, the adapter runs the engine step instead, which
+        sends a = e + g. Not collective: every rank agreed on the same flags."""
+        self.early = self.early and self.dense_ahead()
+        return self.early
+
     def take_mean(self, name: str, mean: Array) -> Optional[dict[str, Array]]:
         """Records the ranks' mean (d,) (float16, or any float dtype; the sum under a summing
         op) of ``name``'s recorded gradient, merged by the adapter's framework in an
