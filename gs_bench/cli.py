@@ -125,6 +125,13 @@ def method_options(args: argparse.Namespace) -> tuple[float | None, dict[str, An
     return args.ratio, _name_values(args.opt, "--opt")
 
 
+def wire_of(args: argparse.Namespace) -> str:
+    """The wire format ``args.compression`` runs with (:meth:`gs_bench.methods.Method.wire`)."""
+    from .methods import method
+
+    return method(args.compression).wire(method_options(args)[1])
+
+
 def torch_distributed_optimizer(args: argparse.Namespace, optimizer: Any, named_parameters: Any) -> tuple[Any, Any]:
     """(optimizer, :class:`gs_bench.methods.Meter`) for ``args.compression`` in a torch
     demo under horovodrun (:func:`gs_bench.methods.distributed_optimizer` with
@@ -327,7 +334,7 @@ class Report:
         self.bar.close()
         seconds = time.perf_counter() - self.start
         result = {"args": vars(self.args), "ranks": self.size, "dense_bytes_per_step": self.dense_bytes,
-                  "seconds": seconds, "history": self.history, "code": code_version()}
+                  "seconds": seconds, "history": self.history, "code": code_version(), "wire": wire_of(self.args)}
         if self.rank == 0:
             (sent, wire), last = self.per_step(), self.history[-1][self.metric]
             values = [h[self.metric] for h in self.history]

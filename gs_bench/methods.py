@@ -85,6 +85,11 @@ class Method:
             label += " (per tensor)" if scope == "layer" else f" ({scope})"
         return label + "".join(f", {k}={v}" for k, v in sorted(rest.items()))
 
+    def wire(self, options: dict[str, Any]) -> str:
+        """The format its messages travel in with ``options``: "fp32" (float32 values, int32
+        indices) unless a ``wire`` option names another."""
+        return options.get("wire", "fp32")
+
     def check(self, ratio: Optional[float], options: dict[str, Any]) -> None:
         """ValueError for a ratio the method does not take, or options it refuses."""
         if ratio is not None and not self.takes_ratio:
@@ -144,6 +149,10 @@ class Gs(Method):
         transport = rest.pop("transport", "horovod")
         return GsConfig(**_ratio(ratio), **rest), transport
 
+    def wire(self, options: dict[str, Any]) -> str:
+        """GsSketch's pair format (its dense steps under ``ratio="auto"`` go in float16)."""
+        return self.config(options, None)[0].wire
+
     def horovod(self, optimizer: Any, named: list[tuple[str, Any]], ratio: Optional[float],
                 options: dict[str, Any]) -> tuple[Any, Meter]:
         import horovod.torch as hvd
@@ -196,6 +205,9 @@ class Dense(Method):
     def __init__(self, name: str, label: str, itemsize: int) -> None:
         self.name, self.label, self.itemsize = name, label, itemsize
         self.simulated_too = itemsize == 4  # fp16 is Horovod's
+
+    def wire(self, options: dict[str, Any]) -> str:
+        return "fp16" if self.itemsize == 2 else "fp32"
 
     def _compression(self, hvd: Any) -> Any:
         return hvd.Compression.fp16 if self.itemsize == 2 else hvd.Compression.none

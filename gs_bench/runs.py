@@ -123,3 +123,14 @@ def latest_runs(records: Sequence[dict[str, Any]], setting: Callable[[dict[str, 
             what = describe(records[kept]) if describe else str(key[1])
             _say(f"warning: {len(members)} runs of {what}: using the latest, {name(kept)}; dropping {dropped}")
     return out
+
+
+def one_wire(records: Sequence[dict[str, Any]], what: str) -> Optional[str]:
+    """The wire format the ``records`` of one figure ran with (their ``wire`` field; a record
+    from before the field carries None). ValueError naming ``what`` where they differ: a mean
+    over seeds of two formats mixes two methods."""
+    wires = {r.get("wire") for r in records}
+    if len(wires) > 1:
+        named = sorted("unrecorded" if w is None else w for w in wires)
+        raise ValueError(f"{what} mixes records of wire formats {named}: rerun them alike, or label them apart")
+    return next(iter(wires), None)

@@ -250,3 +250,33 @@ def test_a_missing_or_unstamped_plot_fails_the_check(copy: Path, capsys: pytest.
     assert "docs/tta_density_pilot.png: the plot differs from what its data gives" in capsys.readouterr().out
     assert report.main(["--root", str(copy)]) == 0
     assert report.main(["--check", "--root", str(copy)]) == 0
+
+
+def test_a_figure_refuses_seeds_of_different_wire_formats(tmp_path: Path) -> None:
+    """A convergence entry whose seeds ran with different pair formats (one recorded "compact",
+    one from before records said) is refused by name; alike, it is read; so is a time-to-accuracy
+    method whose repeats differ."""
+    def run(wire: str | None) -> dict:
+        record = {"history": [{"epoch": 1, "steps": 10, "accuracy": 0.9, "wire_bytes_per_step": 1.0,
+                               "bytes_per_step": 1.0}], "seconds": 1.0}
+        return record if wire is None else {**record, "wire": wire}
+
+    data = tmp_path / "convergence_cnn_ddp2.json"
+    data.write_text(json.dumps({"gs @ auto": {"0": run("compact"), "1": run(None)}}))
+    with pytest.raises(ValueError, match=r"'gs @ auto' mixes records of wire formats \['compact', 'unrecorded'\]"):
+        report.load(tmp_path, "convergence_cnn_ddp2.json")
+    data.write_text(json.dumps({"gs @ auto": {"0": run("fp32"), "1": run("fp32")}}))
+    assert set(report.load(tmp_path, "convergence_cnn_ddp2.json")["gs @ auto"]) == {"0", "1"}
+    rows = [{**tta_row("gs", seed, 10.0), "wire": wire} for seed, wire in ((0, "compact"), (1, "fp32"))]
+    with pytest.raises(ValueError, match=r"gs \(cnn, 2 ranks, 1gbit\) mixes records of wire formats"):
+        report.tta.summarise(rows, {"cnn": 0.93})
+
+
+def test_convergence_runs_gs_at_its_default_density_by_itself(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ratios auto`` keys gs's runs "gs @ auto" and passes no --ratio; methods that select k
+    by a ratio are refused beside it, named."""
+    args = conv.parse_args(["--launcher", "torchrun", "--ratios", "auto"])
+    assert args.ratios == ["auto"] and conv.ratio_text(args.ratios[0]) == "auto" and conv.ratio_text(0.001) == "0.001"
+    with pytest.raises(SystemExit):
+        conv.parse_args(["--simulated-ranks", "4", "--ratios", "auto", "--methods", "gs", "gtopk"])
+    assert "--ratios auto is gs's default density; ['gtopk'] select k" in capsys.readouterr().err

@@ -155,7 +155,17 @@ def final(seeds: dict, metric: str) -> float:
     return sum(r["history"][-1][metric] for r in seeds.values()) / len(seeds)
 
 
-def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
+def ratio_arg(text: str) -> float | str:
+    """A ``--ratios`` item: k / D as a float, or "auto" (gs at its default density, no ``--ratio``)."""
+    return "auto" if text == "auto" else float(text)
+
+
+def ratio_text(ratio: float | str) -> str:
+    """The ratio as record keys write it: "0.01", "1", "auto"."""
+    return ratio if isinstance(ratio, str) else f"{ratio:g}"
+
+
+def run(label: str, ratio: float | str, seed: int, args: argparse.Namespace) -> dict:
     compression, extra = METHODS[label]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "h.json")
@@ -179,7 +189,7 @@ def run(label: str, ratio: float, seed: int, args: argparse.Namespace) -> dict:
             cmd += ["--batch-size", str(args.batch_size)]
         if args.simulated_ranks:
             cmd += ["--simulated-ranks", str(args.simulated_ranks)]
-        if label not in UNCOMPRESSED:
+        if label not in UNCOMPRESSED and ratio != "auto":
             cmd += ["--ratio", str(ratio)]
         if label.startswith("sketched = gs"):
             sizes = equal_wire_sketched(model_shapes(args), ratio, args.simulated_ranks or args.ranks,
@@ -200,7 +210,8 @@ def curves(result: dict, metric: str) -> tuple[list[int], list[float], list[floa
 
 def plot(runs: dict, path: Path, title: str, metric: str) -> None:
     """The metric vs steps and vs cumulative MB: mean over seeds, min–max band; a colour per
-    method, solid k = 1/100, dashed k = 1/1000 (perplexity on a log axis)."""
+    method, dashed k = 1/1000, dotted the methods without a k, solid the rest (k = 1/100, gs's
+    default density) (perplexity on a log axis)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,12 +312,13 @@ def gs_budget(gs: dict, metric: str) -> tuple[float, float]:
     return final(gs, metric), sum(curves(r, metric)[1][-1] for r in gs.values()) / len(gs)
 
 
-def peers_at_budget(runs: dict, metric: str, ratio: float, reference: str = "gs") -> dict[str, AtBudget]:
+def peers_at_budget(runs: dict, metric: str, ratio: float | str, reference: str = "gs") -> dict[str, AtBudget]:
     """Every peer of ``reference`` at ``ratio`` (the methods at that k and those taking none, but
     dense) at the reference's whole cumulative wire bytes (:func:`at_budget`)."""
-    _, sent = gs_budget(runs[f"{reference} @ {ratio:g}"], metric)
+    ratio = ratio_text(ratio)
+    _, sent = gs_budget(runs[f"{reference} @ {ratio}"], metric)
     return {key: at_budget(seeds, metric, sent) for key, seeds in runs.items()
-            if key.rsplit(" @ ", 1)[0] not in (reference, "dense") and key.rsplit(" @ ", 1)[1] in (f"{ratio:g}", "1")}
+            if key.rsplit(" @ ", 1)[0] not in (reference, "dense") and key.rsplit(" @ ", 1)[1] in (ratio, "1")}
 
 
 def reference_of(methods: list[str]) -> str:
@@ -332,17 +344,17 @@ def headline(runs: dict, metric: str, reference: str = "gs") -> str:
                    else f"{100 * (last / d - 1):+.1f} %")
             lines.append(f"{key}: final {metric} {last:.4f}, dense {d:.4f} ({gap} against dense)")
         lines.append(f"  at equal wire bytes ({sent:.3g} MB through a rank, {reference}'s whole budget):")
-        for other, got in peers_at_budget(runs, metric, float(ratio), reference).items():
+        for other, got in peers_at_budget(runs, metric, ratio, reference).items():
             lines.append(f"    {other}: {got.text()}")
     return "\n".join(lines)
 
 
-def gs_vs_best(runs: dict, metric: str, ratio: float) -> tuple[float, float, str, dict[str, AtBudget]]:
+def gs_vs_best(runs: dict, metric: str, ratio: float | str) -> tuple[float, float, str, dict[str, AtBudget]]:
     """(gs's final metric / the best peer's, gs's wire MB / that peer's, its key, every peer at
     gs's budget): the best by ``metric`` among the peers with a point within gs's whole
     cumulative wire bytes (:func:`peers_at_budget`: interpolated there, or stopped short of
     it); the peers whose first evaluation sent more are in the dict, not in the pick."""
-    last, sent = gs_budget(runs[f"gs @ {ratio:g}"], metric)
+    last, sent = gs_budget(runs[f"gs @ {ratio_text(ratio)}"], metric)
     peers = peers_at_budget(runs, metric, ratio)
     within = {key: got for key, got in peers.items() if got.status != "starts beyond"}
     if not within:
@@ -366,7 +378,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulated-ranks", type=int, metavar="P",
                    help="P ranks simulated in one process (the scripts' --simulated-ranks) instead of a launcher")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--ratios", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--ratios", type=ratio_arg, nargs="+", default=[0.01, 0.001],
+                   help='k / D for the methods that select k; "auto": gs at its default density (no --ratio)')
     p.add_argument("--methods", nargs="+",
                    help=f"labels of {list(METHODS)} (default: {DEFAULT_METHODS}; under torchrun {DDP_DEFAULT})")
     p.add_argument("--quick", action="store_true",
@@ -399,6 +412,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.methods if m not in known]
     if unknown:
         p.error(f"unknown methods {unknown} for --launcher {args.launcher}; known: {known}")
+    selecting = [m for m in args.methods if m not in UNCOMPRESSED and not m.startswith("gs")]
+    if "auto" in args.ratios and selecting:
+        p.error(f"--ratios auto is gs's default density; {selecting} select k = ratio · D: run them with a "
+                "numeric --ratios in a command of their own (--add)")
     return args
 
 
@@ -428,7 +445,7 @@ def main(argv: list[str] | None = None) -> None:
            "fsdp": f", FSDP2 {args.replicas} replicas × {args.ranks // args.replicas} shards (torchrun)"}.get(
         "" if args.simulated_ranks else args.launcher, "")
     ranks = f"{args.simulated_ranks} simulated ranks" if args.simulated_ranks else f"{args.ranks} ranks"
-    title = f"{name}, {ranks}{via}, {budget(args)[1]} (solid: k = 1/100, dashed: 1/1000)"
+    title = f"{name}, {ranks}{via}, {budget(args)[1]} (dashed: k = 1/1000, dotted: no k, solid: the rest)"
     if args.plot_only:
         runs = json.loads(data.read_text())
         print(table(runs, metric) + "\n\n" + headline(runs, metric, reference_of(args.methods)))
@@ -441,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     for seed in args.seeds:
         for label in args.methods:
             for ratio in ([1.0] if label in UNCOMPRESSED else args.ratios):
-                key = f"{label} @ {ratio:g}"
+                key = f"{label} @ {ratio_text(ratio)}"
                 print(f"[bench_convergence] {key} seed {seed}", file=sys.stderr, flush=True)
                 try:
                     runs.setdefault(key, {})[str(seed)] = run(label, ratio, seed, args)
@@ -461,14 +478,14 @@ def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
     if not args.simulated_ranks:
         return
     for ratio in args.ratios:
-        if f"gs @ {ratio:g}" in runs:
-            _, sent = gs_budget(runs[f"gs @ {ratio:g}"], metric)
+        if f"gs @ {ratio_text(ratio)}" in runs:
+            _, sent = gs_budget(runs[f"gs @ {ratio_text(ratio)}"], metric)
             try:
-                x, y, peer, peers = gs_vs_best(runs, metric, ratio)
+                x, y, peer, peers = gs_vs_best(runs, metric, ratio_text(ratio))
             except ValueError as e:  # every peer's first evaluation sent more than gs's whole budget
                 print(f"\n{e}\ngs_vs_best P={args.simulated_ranks} none: no peer within gs's wire bytes")
                 continue
-            print(f"\nevery peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):")
+            print(f"\nevery peer at gs's {sent:.3g} wire MB (k = D·{ratio_text(ratio)}):")
             for key, got in peers.items():
                 print(f"  {key}: {got.text()}")
             print(f"best peer with a point within gs's wire bytes: {peer}")

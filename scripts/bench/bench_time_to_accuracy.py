@@ -50,7 +50,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, read_jsonl, stamp
+from gs_bench.runs import add_out_flags, append_line, check_out, latest_runs, one_wire, read_jsonl, stamp
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECTS_K = ("gs", "topk", "gtopk", "sketched")
@@ -111,7 +111,9 @@ def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, arg
         if proc.returncode != 0:
             row["failed"] = {"returncode": proc.returncode, "stderr": proc.stderr[-2000:]}
             return row
-        history = json.loads(out.read_text())["history"]
+        result = json.loads(out.read_text())
+    history = result["history"]
+    row["wire"] = result.get("wire")
     row["history"] = [{"seconds": h["seconds"], metric: h[metric]} for h in history]
     row["bytes_per_step"] = history[-1]["bytes_per_step"]
     return row
@@ -165,6 +167,7 @@ def summarise(rows: list[dict[str, Any]], targets: dict[str, float]) -> list[dic
     out = []
     for (workload, ranks, rate, method), mine in groups.items():
         ran = [row for row in mine if "failed" not in row]
+        one_wire(ran, f"{method} ({workload}, {ranks} ranks, {rate})")
         times = [time_to_target(row["history"], row["metric"], targets[workload]) for row in ran]
         reached = [t for t in times if t is not None]
         out.append({"workload": workload, "ranks": ranks, "rate": rate, "method": method,

@@ -39,6 +39,8 @@ sys.path.insert(0, str(HERE))
 import bench_convergence as conv  # noqa: E402
 import bench_time_to_accuracy as tta  # noqa: E402
 
+from gs_bench.runs import one_wire  # noqa: E402
+
 ROOT = HERE.parents[1]
 FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md",
          "docs/reliability.md", "docs/user-guide.md", "README.md")
@@ -57,7 +59,15 @@ def block(name: str) -> Callable[[Block], Block]:
 
 
 def load(docs: Path, name: str):
-    return json.loads((docs / name).read_text())
+    """``docs/NAME``'s JSON; a convergence record (method @ ratio → seed → run) is refused where one
+    entry's seeds ran with different wire formats (:func:`gs_bench.runs.one_wire`)."""
+    data = json.loads((docs / name).read_text())
+    if isinstance(data, dict):
+        for key, seeds in data.items():
+            if isinstance(seeds, dict) and seeds and all(isinstance(r, dict) and "history" in r
+                                                         for r in seeds.values()):
+                one_wire(list(seeds.values()), f"docs/{name} {key!r}")
+    return data
 
 
 def recovery_records(docs: Path, name: str) -> list[dict]:
