@@ -98,11 +98,12 @@ def convergence_table(docs: Path, name: str) -> str:
     return conv.table(runs, metric_of(runs))
 
 
-def equal_bytes_table(docs: Path, name: str, ratios: tuple[float, ...], families: tuple[str, ...] = ("gs",)) -> str:
-    """Per gs run (each of ``families`` at each of its k in ``ratios``): its whole cumulative
-    wire budget, its final metric, and each peer at that budget (:func:`bench_convergence.at_budget`:
-    interpolated, stopped short of it, or starting beyond it), means over seeds. Peers: every
-    method but dense and the gs variants."""
+def equal_bytes_table(docs: Path, name: str, ratios: tuple[float | str, ...],
+                      families: tuple[str, ...] = ("gs",)) -> str:
+    """Per gs run (each of ``families`` at each of its k in ``ratios``, "auto": its default
+    density): its whole cumulative wire budget, its final metric, and each peer at that budget
+    (:func:`bench_convergence.at_budget`: interpolated, stopped short of it, or starting beyond
+    it), means over seeds. Peers: every method but dense and the gs variants."""
     runs = load(docs, name)
     metric = metric_of(runs)
     peers = [k.rsplit(" @ ", 1)[0] for k in runs if not k.startswith(("gs", "dense"))]
@@ -110,15 +111,15 @@ def equal_bytes_table(docs: Path, name: str, ratios: tuple[float, ...], families
     lines = ["| gs run | its budget (wire MB) | its final | " + " | ".join(peers) + " |",
              "|---|---|---|" + "---|" * len(peers)]
     for family in families:
-        for ratio in (r for r in ratios if f"{family} @ {r:g}" in runs):
-            last, sent = conv.gs_budget(runs[f"{family} @ {ratio:g}"], metric)
+        for ratio in (r for r in ratios if f"{family} @ {conv.ratio_text(r)}" in runs):
+            last, sent = conv.gs_budget(runs[f"{family} @ {conv.ratio_text(ratio)}"], metric)
             at = conv.peers_at_budget(runs, metric, ratio, family)
             cells = []
             for p in peers:
                 key = next((k for k in at if k.rsplit(" @ ", 1)[0] == p), None)
                 cells.append(at[key].text() if key else "–")
-            lines.append(f"| {family} @ 1/{round(1 / ratio)} | {sent:.3g} | **{last:.4g}** | " + " | ".join(cells)
-                         + " |")
+            k = "the defaults (ratio=\"auto\")" if ratio == "auto" else f"1/{round(1 / ratio)}"
+            lines.append(f"| {family} @ {k} | {sent:.3g} | **{last:.4g}** | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -149,7 +150,7 @@ for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
                      "lm_ddp4": "convergence_lm_ddp4.json", "lm_ddp2": "convergence_lm_ddp2.json",
                      "cnn_ddp2": "convergence_cnn_ddp2.json"}.items():
-    block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, (0.01, 0.001)))
+    block(f"{_name}.equal_bytes")(lambda docs, f=_file: equal_bytes_table(docs, f, ("auto", 0.01, 0.001)))
 GS_FAMILIES = ("gs", "gs compact8")
 """The gs variants of the equal-bytes study: the defaults, and the defaults with ``wire="compact8"``."""
 def gs_ratios(runs: dict, family: str = "gs") -> tuple[float, ...]:
