@@ -645,7 +645,9 @@ def tf_digits(docs: Path) -> str:
         d = load(docs, f"tensorflow_digits_P2_{name}.json")
         h = d["history"]
         steps = sum(e["steps"] for e in h)
-        lines.append(f"| `{d['command'].split('train_tf.py ')[1].replace(' --json F', '')}` | {h[-1]['accuracy']:.4f} "
+        flags = f"--compression {d['args']['compression']}" + (
+            f" --ratio {d['args']['ratio']:g}" if d["args"].get("ratio") is not None else "")
+        lines.append(f"| `{flags}` | {h[-1]['accuracy']:.4f} "
                      f"({max(e['accuracy'] for e in h):.4f}) | {h[-1]['bytes_per_step']:,.0f} "
                      f"| {h[-1]['wire_bytes_per_step']:,.0f} | {d['seconds']:.0f} | {steps / d['seconds']:.1f} |")
     return "\n".join(lines)
