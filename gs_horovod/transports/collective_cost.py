@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 KINDS = ("allreduce", "tree", "allgather", "alltoall", "pairwise", "gather", "broadcast")
+ALLREDUCE_KINDS = ("allreduce", "tree")
+"""The kinds a transport's allreduces can run as (its ``allreduce_kind``): a ring, recursive doubling."""
 Collective = tuple[str, float]
 
 
