@@ -27,6 +27,7 @@ class DefaultInstance:
 
     @classmethod
     def default(cls) -> Any:
+        """The class's instance with default options (made on the first call, then the same)."""
         if cls.__dict__.get("_default") is None:
             cls._default = cls()
         return cls._default

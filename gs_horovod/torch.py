@@ -233,12 +233,15 @@ class GsSketchHandler(StateHandler):
         self.set_value(value)
 
     def save(self) -> None:
+        """Collective: :meth:`ElasticGsState.save <gs_horovod.elastic.ElasticGsState.save>`."""
         self.elastic.save()
 
     def restore(self) -> None:
+        """Not collective: :meth:`ElasticGsState.restore <gs_horovod.elastic.ElasticGsState.restore>`."""
         self.elastic.restore()
 
     def sync(self) -> None:
+        """Collective over the new world: :meth:`ElasticGsState.sync <gs_horovod.elastic.ElasticGsState.sync>`."""
         self.elastic.sync()
 
     def set_value(self, value: Any) -> None:

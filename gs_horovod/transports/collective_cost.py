@@ -95,6 +95,7 @@ class Traffic:
         self.wire += even if wire is None else wire
 
     def end_step(self) -> None:
+        """Closes the step: the collectives counted since the last call become ``last_step``."""
         self.last_step, self._current = self._current, []
         self.steps += 1
 
