@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from gs_horovod.checkpoint import RENAMED
 from gs_horovod.engine import CommStats, GsConfig, Plan, collectives_of
+from gs_horovod.transports import DEFAULT_TRANSPORT
 from gs_horovod.transports.collective_cost import Collective, Traffic, total_wire_bytes
 
 from .baselines import GTopK, PowerSGD, Reducer, ReducerOptimizer, SketchedSGD, TopKAllgather
@@ -146,7 +147,7 @@ class Gs(Method):
     def config(options: dict[str, Any], ratio: Optional[float]) -> tuple[GsConfig, str]:
         """(GsConfig, transport) of GsSketch with these options."""
         rest = _current_names(options)
-        transport = rest.pop("transport", "horovod")
+        transport = rest.pop("transport", DEFAULT_TRANSPORT)
         return GsConfig(**_ratio(ratio), **rest), transport
 
     def wire(self, options: dict[str, Any]) -> str:

@@ -18,7 +18,8 @@ class ArrayOps(Protocol):
     def zeros(self, shape: tuple[int, ...], like: Array) -> Array:
         """float32 zeros of ``shape`` on ``like``'s device."""
 
-    def zeros_like(self, x: Array) -> Array: ...
+    def zeros_like(self, x: Array) -> Array:
+        """Zeros of x's shape, dtype and device."""
 
     def from_numpy(self, x: np.ndarray, like: Optional[Array] = None) -> Array:
         """The framework's array holding x: on the host, or on ``like``'s device."""
@@ -37,17 +38,21 @@ class ArrayOps(Protocol):
         """Returns once x is computed (a device that runs asynchronously is waited for), so that
         a clock read next counts its work."""
 
-    def concat(self, xs: list[Array]) -> Array: ...
+    def concat(self, xs: list[Array]) -> Array:
+        """The 1-D arrays of ``xs`` (one dtype) laid end to end (may be ``xs[0]`` itself)."""
 
     def add_parts(self, base: Array, parts: list[Array]) -> Array:
         """A new (n,) f32: base (n,) plus the pieces (d_i,) f32 laid end to end (Σ d_i = n),
         without concatenating them first."""
 
-    def slice(self, x: Array, start: int, size: int) -> Array: ...
+    def slice(self, x: Array, start: int, size: int) -> Array:
+        """x[start:start + size] (may be a view)."""
 
-    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array: ...
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        """x's elements in ``shape`` (may be a view)."""
 
-    def stack(self, xs: list[Array]) -> Array: ...
+    def stack(self, xs: list[Array]) -> Array:
+        """(len(xs), n): the (n,) arrays of ``xs`` (one dtype) as rows."""
 
     def dtype_name(self, x: Array) -> str:
         """x's dtype as NumPy names it ("float16", "float32", ...)."""
@@ -70,7 +75,8 @@ class ArrayOps(Protocol):
     def scatter_sub(self, x: Array, idx: Array, vals: Array) -> Array:
         """x with x[idx] -= vals (indices unique); may update x in place."""
 
-    def where(self, mask: Array, a: Array, b: Array) -> Array: ...
+    def where(self, mask: Array, a: Array, b: Array) -> Array:
+        """a where the bool ``mask`` holds, else b (elementwise, one shape)."""
 
     def isin_sorted(self, x: Array, ref: Array) -> Array:
         """A bool mask: x[i] in ref (ref ascending)."""
@@ -81,7 +87,8 @@ class ArrayOps(Protocol):
     def not_finite(self, x: Array) -> Array:
         """A 0-d f32: 1 if x has a NaN or infinite element, else 0."""
 
-    def logical_and(self, a: Any, b: Any) -> Any: ...
+    def logical_and(self, a: Any, b: Any) -> Any:
+        """Predicate: both predicates a and b."""
 
     def top_abs(self, x: Array, count: int) -> Array:
         """Indices (count,) ascending of the count largest |x| (NaN/Inf largest; ties: lower index)."""

@@ -177,6 +177,8 @@ class CheckpointApi:
     _arrivals = 0  # state_dict() calls on this rank: names each arrival check
 
     def local_state_dict(self) -> dict[str, Any]:
+        """Not collective: this rank's own state, ``{"options", "world_size", "rank", ...}``
+        (the adapter's)."""
         raise NotImplementedError
 
     def _load(self, state: dict[str, Any]) -> None:

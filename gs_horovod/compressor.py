@@ -13,9 +13,10 @@ from .array_ops import Array, ArrayOps
 from .checkpoint import DEFAULT_TIMEOUT, RENAMED, CheckpointApi, check_timeout
 from .engine.config import GsConfig
 from .engine.plan import Plan
+from .transports import DEFAULT_TRANSPORT, TRANSPORTS, check_transport
 from .transports.collective_cost import Collective
 from .transports.horovod import HorovodCollectives
-from .transports.mpi import MergeStats, MpiCollectives
+from .transports.mpi import MergeStats
 
 
 class DefaultInstance:
@@ -26,6 +27,7 @@ class DefaultInstance:
 
     @classmethod
     def default(cls) -> Any:
+        """The class's instance with default options (made on the first call, then the same)."""
         if cls.__dict__.get("_default") is None:
             cls._default = cls()
         return cls._default
@@ -41,17 +43,6 @@ class DefaultInstanceMethod:
 
     def __get__(self, obj: Any, cls: type) -> Any:
         return self.fn.__get__(obj if obj is not None else cls.default(), cls)
-
-
-TRANSPORTS = ("horovod", "mpi")
-
-
-def check_transport(transport: str, comm: Any) -> None:
-    """The ``transport`` and ``comm`` options of both compressors."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-    if comm is not None and transport != "mpi":
-        raise ValueError("comm is used by transport='mpi' only")
 
 
 def renamed_option(options: dict[str, Any], new: str, value: Any, owner: str, stacklevel: int) -> Any:
@@ -93,9 +84,8 @@ class DefaultInstanceProperty:
 
 def allreduce_kind(transport: str) -> str:
     """The :mod:`gs_horovod.transports.collective_cost` kind GsSketch's allreduces run as under
-    ``transport``: Horovod's ring ("allreduce") or the MPI tree ("tree")."""
-    check_transport(transport, None)
-    return (MpiCollectives if transport == "mpi" else HorovodCollectives).allreduce_kind
+    ``transport`` (a name of :data:`~gs_horovod.transports.TRANSPORTS`; else a ValueError)."""
+    return check_transport(transport).allreduce_kind
 
 
 class GsSketchBase(CheckpointApi, DefaultInstance):
@@ -103,10 +93,11 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     ``_make_ops()``, ``_tree_allreduce`` (a :data:`TreeAllreduce`), ``_describe(tensor)``,
     ``local_state_dict()`` and ``_load(state)``.
 
-    transport: the collectives every exchange runs on: ``"horovod"`` (default) Horovod's;
-    ``"mpi"`` runs the allreduces (the sketch merge, the exact round, the sparse exchange's
-    histograms) as :func:`gs_horovod.transports.mpi.tree_allreduce` and the alltoall and allgather
-    as MPI's over ``comm`` (default: MPI's world, which must be Horovod's); it needs Horovod's MPI
+    transport: the collectives every exchange runs on, a name of
+    :data:`~gs_horovod.transports.TRANSPORTS`: ``"horovod"`` (default) Horovod's; ``"mpi"``
+    runs the allreduces (the sketch merge, the exact round, the sparse exchange's histograms)
+    as :func:`gs_horovod.transports.mpi.tree_allreduce` and the alltoall and allgather as
+    MPI's over ``comm`` (default: MPI's world, which must be Horovod's); it needs Horovod's MPI
     controller with MPI_THREAD_MULTIPLE, and ``merge_stats`` counts the tree allreduces' traffic.
     ``merge`` is its former name: still taken, with a DeprecationWarning (both: ValueError).
 
@@ -122,7 +113,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     def __init__(self, transport: Optional[str] = None, comm: Any = None,
                  checkpoint_timeout: float = DEFAULT_TIMEOUT, **options: Any) -> None:
         transport = renamed_option(options, "transport", transport, type(self).__name__, stacklevel=4)
-        transport = "horovod" if transport is None else transport
+        transport = DEFAULT_TRANSPORT if transport is None else transport
         check_transport(transport, comm)
         self.checkpoint_timeout = check_timeout(checkpoint_timeout)
         self.config = GsConfig.from_options(options, extra=("transport", "comm", "checkpoint_timeout"))
@@ -130,7 +121,7 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         self.ops = self._make_ops()
         self.merge_stats = MergeStats()
         self._comm = comm
-        self._comms: Any = None  # gs_horovod.transports.mpi.Communicators, made at the first MPI collective
+        self._connection: Any = None  # what the transport made at its first connect (MPI: its communicators)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(transport={self.transport!r}, {self.config})"
@@ -155,20 +146,12 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         return {**asdict(self.config), "transport": self.transport}
 
     def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
-        """The collectives of one optimizer, after checking its op and process set."""
+        """The collectives of one optimizer on the chosen transport, after checking its op (the
+        transport checks the process set)."""
         hvd = self._hvd
         if op not in (hvd.Average, hvd.Sum):
             raise ValueError("GsSketch supports op=hvd.Average or hvd.Sum, not Adasum or others")
-        if self.transport == "horovod":
-            return HorovodCollectives(hvd, self.ops, op, process_set)
-        if process_set is not None and process_set.process_set_id != 0:
-            raise ValueError("GsSketch(transport='mpi') runs over all ranks: use the global process set")
-        if self._comms is None:
-            from .transports.mpi import Communicators, horovod_world
-
-            self._comms = Communicators(horovod_world(hvd, self._comm).Dup())  # initialises MPI
-        return MpiCollectives(hvd, self.ops, op, process_set, self._comms, self.merge_stats, self._tree_allreduce,
-                              self._numpy_call)
+        return TRANSPORTS[self.transport].connect(self, op, process_set)
 
     @DefaultInstanceMethod
     def collectives_per_step(self, tensors: list[Any], ranks: Optional[int] = None) -> list[Collective]:

@@ -7,7 +7,7 @@ core in every rank, so P ranks on one node run P threads per core, and torch's o
 
 - ``NUMBA_NUM_THREADS`` set: Numba's count is the user's; the engine leaves it.
 - ``OMP_NUM_THREADS`` set, or ``torch.set_num_threads`` called (torch's count differs from the
-  one it had when this module was imported): the kernels follow torch's count, as before.
+  one it had when this module was imported): the kernels follow torch's count.
 - otherwise: at most the cores this process may run on divided by the ranks on its node
   (:func:`local_size`), and never more than torch's own count.
 

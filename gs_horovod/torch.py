@@ -33,6 +33,7 @@ from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
 from .torch_params import Params, calling_optimizer
+from .transports import TRANSPORTS
 from .transports.mpi import MergeStats, tree_allreduce_tensor
 
 
@@ -91,7 +92,8 @@ class GsSketch(GsSketchBase, Compressor):
         grad = tensor.detach().reshape(-1)
         state.record(name, grad.float())
         flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
-        if state.early and self.transport == "horovod":  # the flag in float16: an abort (65536) reads as inf
+        if state.early and TRANSPORTS[self.transport].dense_rides_horovod:
+            # the flag in float16: an abort (65536) reads as inf
             return torch.cat([flag.half(), grad.half()]), _Ctx(state, name, tensor.shape, tensor.dtype, True)
         return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 
@@ -141,7 +143,7 @@ class GsSketch(GsSketchBase, Compressor):
         self._states.clear()
         self._restored.clear()
         self._early_out.clear()
-        self._comms = None
+        self._connection = None
         self._forget_checkpoint_calls()
 
     def _load(self, state: dict[str, Any]) -> None:
@@ -231,12 +233,15 @@ class GsSketchHandler(StateHandler):
         self.set_value(value)
 
     def save(self) -> None:
+        """Collective: :meth:`ElasticGsState.save <gs_horovod.elastic.ElasticGsState.save>`."""
         self.elastic.save()
 
     def restore(self) -> None:
+        """Not collective: :meth:`ElasticGsState.restore <gs_horovod.elastic.ElasticGsState.restore>`."""
         self.elastic.restore()
 
     def sync(self) -> None:
+        """Collective over the new world: :meth:`ElasticGsState.sync <gs_horovod.elastic.ElasticGsState.sync>`."""
         self.elastic.sync()
 
     def set_value(self, value: Any) -> None:

@@ -45,10 +45,9 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class GsConfig:
-    """Options of gs-SGD, validated at construction. The sketch's default sizes (rows 3, width 2,
-    one round of k candidates, pre-filter 1, float16 sketch) and ``exchange="auto"``'s rule were
-    chosen by measured delivered mass per wire byte (``scripts/bench/bench_recovery.py``,
-    docs/design.md "Recovery" and "Exchange by P").
+    """Options of gs-SGD, validated at construction (TypeError / ValueError naming the option).
+    The defaults of the sketch's sizes and ``exchange="auto"``'s rule: docs/design.md
+    ("Recovery", "Exchange by P") gives the measurements they come from.
 
     scope: "global" (one group of all compressed coordinates per step, k = ceil(ratio · D))
         or "layer" (one group per tensor, k = ceil(ratio · d) each).
@@ -208,6 +207,7 @@ class GsConfig:
 
     @property
     def budget_or_default(self) -> float:
+        """``budget``, or :data:`~gs_horovod.engine.density.DEFAULT_BUDGET` when not given."""
         return DEFAULT_BUDGET if self.budget is None else self.budget
 
     def k_for(self, n: int, level: Optional[float] = None) -> int:

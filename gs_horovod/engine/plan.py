@@ -8,14 +8,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from ..codecs import CODECS
-from ..transports.collective_cost import total_wire_bytes
+from ..transports.collective_cost import ALLREDUCE_KINDS, total_wire_bytes
 from .config import GsConfig, check_choice
 from .density import DENSE
 from .exchanges import EXCHANGES
 from .exchanges.base import ExchangePlan, Group
 from .payload import Payload, collectives_of
-
-ALLREDUCE_KINDS = ("allreduce", "tree")  # how a transport's allreduces run: ring (Horovod), tree (transport="mpi")
 
 
 def starts_of(sizes: tuple[int, ...]) -> list[int]:
@@ -37,8 +35,8 @@ class Plan:
     exchange: the name of the exchange (:data:`EXCHANGES`) the config chose for ``ranks`` (P)
     ranks; exact / apply: the config's for that exchange (:meth:`GsConfig.exact_for`,
     :meth:`GsConfig.apply_for`); allreduce_kind: the :mod:`gs_horovod.transports.collective_cost` kind the
-    transport's allreduces run as ("allreduce": Horovod's ring; "tree": recursive doubling,
-    transport="mpi"), which prices them in :meth:`collectives` and "auto"; level: the density
+    transport's allreduces run as (:data:`~gs_horovod.transports.collective_cost.ALLREDUCE_KINDS`),
+    which prices them in :meth:`collectives` and "auto"; level: the density
     ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`), None otherwise.
     """
 
@@ -145,10 +143,12 @@ class Plan:
 
     @property
     def all_names(self) -> tuple[str, ...]:
+        """The compressed tensors' names, then those sent exactly."""
         return self.names + self.dense_names
 
     @property
     def all_sizes(self) -> tuple[int, ...]:
+        """Elements of each tensor of :attr:`all_names`, in its order."""
         return self.sizes + self.dense_sizes
 
     @property

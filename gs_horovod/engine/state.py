@@ -59,6 +59,7 @@ class CommStats(ByteCounts):
 
     @property
     def total_bytes(self) -> int:
+        """Bytes handed to collectives so far, every byte kind together."""
         return sum(getattr(self, f + "_bytes") for f in Payload._fields)
 
     def per_step(self) -> Payload:
@@ -144,6 +145,7 @@ class EngineState:
 
     @property
     def ops(self) -> ArrayOps:
+        """The engine's array operations."""
         return self.sgd.ops
 
     def record(self, name: str, grad: Array) -> None:

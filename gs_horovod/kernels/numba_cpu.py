@@ -12,9 +12,8 @@ Arrays are NumPy (torch CPU tensors are passed as zero-copy ``.numpy()`` views);
   changes it.
 - ``top_abs``: radix select on the float bits, then one collect pass; exact under the same order.
 
-Unless ``NUMBA_THREADING_LAYER`` is set, this module selects Numba's ``workqueue`` layer:
-OpenMP's spinning workers beside torch's own OpenMP pool made a 2-rank demo on 2 cores several
-times slower (that run was not recorded). How many threads the kernels use:
+Unless ``NUMBA_THREADING_LAYER`` is set, importing this module selects Numba's ``workqueue``
+threading layer, not OpenMP (docs/design.md, "Threads"). How many threads the kernels use:
 :mod:`gs_horovod.threads`.
 """
 

@@ -73,10 +73,14 @@ def _top_keys(key: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def torch_top_abs(x: torch.Tensor, count: int) -> torch.Tensor:
+    """Indices (count,) int64 ascending of the ``count`` largest |x| of x (n,) f32 (NaN above
+    Inf above finite; ties: lower index), by torch ops."""
     return _top_keys(_abs_key(x), count)
 
 
 def torch_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor, keys: np.ndarray) -> None:
+    """Adds the sketch of ``vals`` (n,) f32 at coordinates ``idx`` (n,) int64 into ``table``
+    (rows, cols) f32 in place (``index_add_``: each cell's additions in ``idx`` order)."""
     rows, cols = table.shape
     for start in range(0, idx.numel(), _CHUNK):
         v = vals[start:start + _CHUNK]
@@ -86,6 +90,8 @@ def torch_accumulate_at(table: torch.Tensor, idx: torch.Tensor, vals: torch.Tens
 
 
 def torch_accumulate(table: torch.Tensor, vec: torch.Tensor, keys: np.ndarray, offset: int) -> None:
+    """Adds the sketch of the dense ``vec`` (n,) f32, at coordinates offset..offset+n, into
+    ``table`` in place (:func:`torch_accumulate_at`)."""
     for start in range(0, vec.numel(), _CHUNK):
         v = vec[start:start + _CHUNK]
         g = torch.arange(offset + start, offset + start + v.numel(), dtype=torch.int64, device=vec.device)
@@ -104,6 +110,9 @@ def _estimates(table: torch.Tensor, g: torch.Tensor, keys: np.ndarray) -> torch.
 
 def torch_heavy_hitters(table: torch.Tensor, keys: np.ndarray, length: int, count: int,
                         offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(idx (count,) int64 ascending, estimates (count,) f32): the ``count`` coordinates of
+    [0, length) (read at offset + i in ``table``) with the largest |median estimate| (ties:
+    lower index), scanned in chunks."""
     idx = torch.empty(0, dtype=torch.int64, device=table.device)
     est = torch.empty(0, dtype=torch.float32, device=table.device)
     for start in range(0, length, _CHUNK):

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 KINDS = ("allreduce", "tree", "allgather", "alltoall", "pairwise", "gather", "broadcast")
+ALLREDUCE_KINDS = ("allreduce", "tree")
+"""The kinds a transport's allreduces can run as (its ``allreduce_kind``): a ring, recursive doubling."""
 Collective = tuple[str, float]
 
 
@@ -93,6 +95,7 @@ class Traffic:
         self.wire += even if wire is None else wire
 
     def end_step(self) -> None:
+        """Closes the step: the collectives counted since the last call become ``last_step``."""
         self.last_step, self._current = self._current, []
         self.steps += 1
 

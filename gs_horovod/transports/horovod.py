@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -19,14 +19,45 @@ def op_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", name)
 
 
+class Host(Protocol):
+    """What a transport's :meth:`HorovodCollectives.connect` reads of the compressor that chose
+    it (:class:`gs_horovod.compressor.GsSketchBase`)."""
+
+    _hvd: Any  # horovod.torch or horovod.tensorflow
+    ops: ArrayOps
+    _comm: Any  # the comm= option (None: not given)
+    _connection: Any  # what the transport made at its first connect, kept until reset (None before)
+    merge_stats: Any  # the tree allreduces' counters (gs_horovod.transports.mpi.MergeStats)
+
+    def _tree_allreduce(self, x: Array, comms: Any, stats: Any) -> Array: ...
+
+    def _numpy_call(self, fn: Any, arrays: list[Array], dtypes: list[str]) -> tuple[Array, ...]: ...
+
+
 class HorovodCollectives:
     """:class:`~gs_horovod.transports.protocol.Collectives` over Horovod (``hvd``: horovod.torch
     or horovod.tensorflow) on ``process_set``: ``allreduce`` with ``op`` (Average or Sum),
     allgather (any length per rank), alltoall with splits, broadcast from rank 0. ``traffic``:
     where torch calls are counted (the baselines' meter); None for GsSketch, whose ``stats``
-    count its steps (under TF in graph counters)."""
+    count its steps (under TF in graph counters).
 
+    As a transport ``transport=`` chooses (:data:`gs_horovod.transports.TRANSPORTS`), a subclass
+    sets ``name``, ``allreduce_kind`` (a :mod:`~gs_horovod.transports.collective_cost` kind),
+    ``takes_comm`` (whether the ``comm`` option applies), ``dense_rides_horovod`` (whether an
+    early dense step's float16 gradients may ride the allreduce Horovod itself runs on
+    ``compress()``'s payload, i.e. whether this transport's allreduce is Horovod's) and, if
+    its constructor differs, :meth:`connect`."""
+
+    name = "horovod"
     allreduce_kind = "allreduce"  # Horovod's ring
+    takes_comm = False
+    dense_rides_horovod = True
+
+    @classmethod
+    def connect(cls, host: Host, op: Any, process_set: Any) -> HorovodCollectives:
+        """This transport's collectives for one optimizer of ``host`` (its op, Average or Sum,
+        and its process set, checked by the caller); raises where the transport cannot run them."""
+        return cls(host._hvd, host.ops, op, process_set)
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, traffic: Optional[Traffic] = None) -> None:
         self.hvd, self.ops, self.op, self.process_set, self.traffic = hvd, ops, op, process_set, traffic

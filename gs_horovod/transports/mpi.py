@@ -35,7 +35,7 @@ import numpy as np
 
 from ..array_ops import Array, ArrayOps
 from .collective_cost import Traffic
-from .horovod import HorovodCollectives
+from .horovod import HorovodCollectives, Host
 from .protocol import count, half_prescaled
 
 if TYPE_CHECKING:
@@ -284,9 +284,25 @@ class MpiCollectives(HorovodCollectives):
     """Sketch merge, exact round and the sparse exchange's threshold rounds by
     :func:`tree_allreduce` over mpi4py (recursive doubling, through ``tree``), its alltoall and
     allgather by MPI's Alltoallv / Allgatherv (through ``numpy_call``); the tiny checks stay on
-    Horovod."""
+    Horovod. Made on all of Horovod's ranks only (the global process set), over ``comm``
+    (default: MPI's world), which must be Horovod's (:func:`horovod_world`)."""
 
+    name = "mpi"
     allreduce_kind = "tree"
+    takes_comm = True
+    dense_rides_horovod = False
+
+    @classmethod
+    def connect(cls, host: Host, op: Any, process_set: Any) -> MpiCollectives:
+        """The collectives over ``host``'s communicators, split from ``comm`` at the first call
+        (collective; kept in ``host._connection``); a ValueError for a process set other than
+        the global one, a RuntimeError from :func:`horovod_world`."""
+        if process_set is not None and process_set.process_set_id != 0:
+            raise ValueError("GsSketch(transport='mpi') runs over all ranks: use the global process set")
+        if host._connection is None:
+            host._connection = Communicators(horovod_world(host._hvd, host._comm).Dup())  # initialises MPI
+        return cls(host._hvd, host.ops, op, process_set, host._connection, host.merge_stats, host._tree_allreduce,
+                   host._numpy_call)
 
     def __init__(self, hvd: Any, ops: ArrayOps, op: Any, process_set: Any, comms: Communicators, stats: MergeStats,
                  tree: TreeAllreduce, numpy_call: NumpyCall, traffic: Optional[Traffic] = None) -> None:

@@ -72,6 +72,9 @@ class SimulatedRanks:
             return list(self._done)
 
     def run(self, fn: Callable[[int, SimulatedComm], T]) -> list[T]:
+        """``fn(rank, comm)`` on every rank, one thread each taking turns; returns the results
+        in rank order, or re-raises the first rank's error (the other ranks stop at their next
+        collective)."""
         results: list[Any] = [None] * self.size
         errors: list[BaseException] = []
         self._turn, self._failed = 0, False

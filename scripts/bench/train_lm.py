@@ -28,13 +28,14 @@ import torch.nn.functional as F
 from gs_bench.cli import Report, add_simulated_flag, check_lm_budget, lm_arguments, local_bytes, run_on_ranks
 from gs_bench.methods import METHODS
 from gs_bench.workloads import LstmLM, perplexity, stdlib_text, text_batch
+from gs_horovod.transports import DEFAULT_TRANSPORT, TRANSPORTS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = lm_arguments(__doc__, list(METHODS))
-    p.add_argument("--transport", "--merge", dest="transport", choices=["horovod", "mpi"], default="horovod",
-                   help="gs: run the collectives on Horovod's or on gs_horovod's MPI tree and mpi4py (needs "
-                        "--mpi); --merge is its former name")
+    p.add_argument("--transport", "--merge", dest="transport", choices=list(TRANSPORTS), default=DEFAULT_TRANSPORT,
+                   help="gs: the transport its collectives run on (gs_horovod.transports.TRANSPORTS; mpi: the MPI "
+                        "tree over mpi4py, needs --mpi); --merge is its former name")
     add_simulated_flag(p)
     return check_lm_budget(p, p.parse_args(argv))
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from gs_bench.cli import Report, add_simulated_flag, demo_arguments, local_bytes, run_on_ranks
 from gs_bench.methods import METHODS
 from gs_bench.workloads import MnistCNN, digits_mlp, digits_shard, mnist5k
+from gs_horovod.transports import DEFAULT_TRANSPORT, TRANSPORTS
 
 EPOCHS = {"cnn": 10, "mlp": 30}
 
@@ -38,9 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = demo_arguments(__doc__, list(METHODS))
     p.add_argument("--model", choices=sorted(EPOCHS), default="cnn",
                    help="cnn: MNIST-5k CNN (default); mlp: scikit-learn digits MLP")
-    p.add_argument("--transport", "--merge", dest="transport", choices=["horovod", "mpi"], default="horovod",
-                   help="gs: run the collectives on Horovod's or on gs_horovod's MPI tree and mpi4py (needs "
-                        "--mpi); --merge is its former name")
+    p.add_argument("--transport", "--merge", dest="transport", choices=list(TRANSPORTS), default=DEFAULT_TRANSPORT,
+                   help="gs: the transport its collectives run on (gs_horovod.transports.TRANSPORTS; mpi: the MPI "
+                        "tree over mpi4py, needs --mpi); --merge is its former name")
     add_simulated_flag(p)
     args = p.parse_args(argv)
     if args.epochs is None:
