@@ -4,7 +4,18 @@ tier, and a helper that runs a worker script under a real ``horovodrun`` or ``to
 Two tiers: ``pytest -m "not slow"`` runs in this one process (the engine on simulated ranks,
 gs_horovod/transports/simulated.py); ``slow`` marks every test that launches a process
 (horovodrun, torchrun, mpirun, a script, another interpreter), which a test outside the tier
-is refused (:func:`pytest_runtest_protocol`). ``pytest tests`` runs both."""
+is refused (:func:`pytest_runtest_protocol`). ``pytest tests`` runs both.
+
+The workers (tests/workers/*.py) take an output folder, then what to run: the multi-scenario
+ones (torch_scenarios, torch_reliability, tf_scenarios, ddp_scenarios, fsdp_scenarios after its
+meshes, exchanges after its transport) the names of scenarios or of groups of them
+(tests/workers/scenario.py; none: all, an unknown name lists them). The pytest side launches a
+group per job (a launch costs seconds); one scenario runs alone from the command line, e.g.
+
+    PYTHONPATH=. horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_reliability.py /tmp/out nonfinite
+
+and each rank leaves ``/tmp/out/rank<r>.json``. Assertions on those results use
+tests/differ.py, which says which rank differed and both values."""
 
 from __future__ import annotations
 

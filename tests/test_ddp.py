@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from differ import assert_at_most, assert_ranks_agree
 
 SIZES = (2, 3)
 EXCHANGES = ("sketch", "allgather", "sparse")
@@ -28,7 +29,7 @@ def ranks(request, tmp_path_factory):
 @pytest.mark.slow
 def test_k_equal_d_is_ddp_default_allreduce_over_several_buckets(ranks, exchange):
     for r in (r[exchange] for r in ranks):
-        assert r["exact_plain_max_abs_diff"] <= 1e-6
+        assert_at_most(r["exact_plain_max_abs_diff"], 1e-6, "k = D against DDP's default hook, max abs difference")
         assert r["exact_plain_steps"] == 4  # one engine step per DDP step, not one per bucket
         assert len(r["topk_global_buckets"]) >= 2
 
@@ -43,8 +44,8 @@ def test_one_global_top_k_across_all_buckets(ranks, exchange, label):
         assert len(r[f"topk_{label}_buckets"]) >= 2
         # k nonzeros over every bucket's update together (k per bucket would be k·buckets)
         assert r[f"topk_{label}_nonzeros"] == [k] * 3
-        assert r[f"topk_{label}_digests"] == ranks[0][f"topk_{label}_digests"]  # the same update everywhere
         assert len(set(r[f"topk_{label}_digests"])) == 3
+    assert_ranks_agree([r[f"topk_{label}_digests"] for r in ranks], "each step's update")
 
 
 @pytest.mark.slow
@@ -53,7 +54,7 @@ def test_layer_scope_takes_k_of_every_tensor(ranks, exchange):
     sizes = ranks[0]["sizes"]
     for r in ranks:
         assert r["topk_layer_per_tensor"] == [math.ceil(0.02 * d) for d in sizes]
-        assert r["topk_layer_digests"] == ranks[0]["topk_layer_digests"]
+    assert_ranks_agree([r["topk_layer_digests"] for r in ranks], "each step's update")
 
 
 @pytest.fixture(scope="module")
@@ -72,32 +73,45 @@ def test_updates_equal_the_horovod_adapters(ranks, horovod, exchange):
         assert len(r["updates"]) == len(h["updates"]) == 3
         # the DDP model itself as GsState's model: the same updates as its module
         assert r["updates_ddp_as_model"] == r["updates"]
-        for mine, theirs in zip(r["updates"], h["updates"]):
+        for step, (mine, theirs) in enumerate(zip(r["updates"], h["updates"])):
             # 2 ranks: bitwise (one addition per element, whatever the ring); 3 ranks: gloo's
             # sum order in Horovod and in torch.distributed may differ by an ulp
             tolerance = 0.0 if n == 2 else 1e-6
-            assert max(abs(a - b) for a, b in zip(mine, theirs)) <= tolerance
+            difference = [abs(a - b) for a, b in zip(mine, theirs)]
+            worst = max(range(len(difference)), key=difference.__getitem__)
+            assert_at_most(difference[worst], tolerance, f"update of step {step}: the hook's "
+                           f"against Horovod's, max abs difference at [{worst}]", hook=mine[worst],
+                           horovod=theirs[worst])
 
 
 @pytest.mark.slow
 def test_resume_from_rank0_file_or_per_rank_files_is_bitwise_the_straight_run(ranks, exchange):
     ranks = [r[exchange] for r in ranks]
     for r in ranks:
-        assert r["gathered_own_residuals_back"] and r["local_own_residuals_back"]
-        assert r["gathered_resumed"] == r["local_resumed"] == r["straight"]
+        for label in ("gathered", "local"):
+            names, straight_names, difference = r[f"{label}_own_residuals_back"]
+            assert names == straight_names, f"{label}: residuals of {names}, the straight run's of {straight_names}"
+            assert difference == 0, f"{label}: a residual differs from the straight run's by {difference}"
+            assert r[f"{label}_resumed"] == r["straight"], f"{label}: the model differs from the straight run's"
         assert r["not_loaded_resumed"] != r["straight"]  # the residuals matter
-    assert len({r["straight"] for r in ranks}) == 1
+    assert_ranks_agree([r["straight"] for r in ranks], "the straight run's model")
 
 
 @pytest.mark.slow
-def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks, exchange):
-    for r in (r[exchange] for r in ranks):
+def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
+    # the 2-rank job, the sketch: the rule for every exchange is asserted on simulated ranks
+    # (tests/test_gs_sgd.py), this the hook's part of it
+    if "nonfinite" not in ranks[0]["scenarios"]:
+        pytest.skip("run in the 2-rank job")
+    for r in (r["sketch"] for r in ranks):
         assert r["nan_raise_error"].startswith("GsSketch: the gradient of '2.weight' is NaN or infinite")
         # (the parameters cannot move: the hook raised inside backward, before the optimizer)
-        assert r["nan_raise_residuals_unchanged"]
+        assert r["nan_raise_residual_change"] == 0, f"residuals moved by up to {r['nan_raise_residual_change']}"
         # nonfinite="skip": a zero update, the residuals kept, the step counted as skipped
-        assert r["nan_skip_error"] is None and r["nan_skip_update_nonzeros"] == 0
-        assert r["nan_skip_residuals_unchanged"] and r["nan_skip_skipped"] == 1
+        assert r["nan_skip_error"] is None
+        assert r["nan_skip_update_nonzeros"] == 0, f"{r['nan_skip_update_nonzeros']} coordinates updated"
+        assert r["nan_skip_residual_change"] == 0, f"residuals moved by up to {r['nan_skip_residual_change']}"
+        assert r["nan_skip_skipped"] == 1
 
 
 @pytest.mark.slow
@@ -125,9 +139,9 @@ def test_bf16_autocast_trains_and_ranks_agree(ranks):
     # one step's k of the compressed coordinates moved from their initial values
     k = math.ceil(0.05 * sum(d for d in ranks[0]["sketch"]["sizes"] if d >= 64))
     for r in ranks:
-        assert r["autocast_gs_finite"]
+        assert r["autocast_gs_nonfinite"] == 0, f"{r['autocast_gs_nonfinite']} parameters not finite"
         assert r["autocast_gs_moved"] >= k, f"rank {r['rank']}: {r['autocast_gs_moved']} coordinates moved, k = {k}"
-    assert len({r["autocast_gs_digest"] for r in ranks}) == 1
+    assert_ranks_agree([r["autocast_gs_digest"] for r in ranks], "the model after 3 autocast steps")
 
 
 @pytest.mark.slow

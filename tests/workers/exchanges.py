@@ -1,10 +1,15 @@
 """The engine's exchanges on one transport, against a NumPy reference: on real ranks,
 
-    horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py OUT_DIR horovod
-    horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi
-    torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp
+    horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py OUT_DIR horovod [NAME ...]
+    horovodrun -np 3 -H localhost:3 --mpi  python tests/workers/exchanges.py OUT_DIR mpi [NAME ...]
+    torchrun --standalone --nproc_per_node 3 --no-python python tests/workers/exchanges.py OUT_DIR ddp [NAME ...]
 
 or on simulated ranks in the test's own process (:func:`scenarios` with a SimulatedComm).
+NAME: a scenario (``one_step``, ``steps``, ``resume``, ``nonfinite``, ``nonfinite_compact``,
+``options``) or a group (``all``, the default; ``transport``: what depends on the transport,
+all but the resume and the compact wires' NaN), e.g. the step against NumPy alone:
+
+    horovodrun -np 3 -H localhost:3 --gloo python tests/workers/exchanges.py /tmp/out horovod one_step
 
 Each transport's collectives (Horovod's, ``transport="mpi"``'s, torch.distributed's, the
 simulated ones) carry one :class:`gs_horovod.engine.state.EngineState` per exchange over
@@ -26,9 +31,17 @@ from gs_horovod.codecs import CODECS
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd
 from gs_horovod.kernels.torch_ops import TorchOps
 
+if __package__:  # imported by the fast tier (tests/test_exchanges.py) as workers.exchanges
+    from .scenario import Scenarios
+else:  # run as a script: tests/workers is on the path
+    from scenario import Scenarios
+
 COMPACT = ("compact", "compact8")  # the encoded pair wires
 SIZES = {"a.weight": 3000, "b.weight": 1500, "c.bias": 10}  # c.bias is below min_size: sent exactly
 EXCHANGES = ("sparse", "allgather", "sketch")
+# each scenario(result, make, gather, rank, P): ``make`` gives fresh collectives, ``gather``
+# every rank's equal-length tensor as (P, n)
+SCENARIOS = Scenarios(transport=("one_step", "steps", "nonfinite", "options"))
 
 
 class Counting:
@@ -185,11 +198,28 @@ def step_of(st: EngineState, grads: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([out[n] for n in st.plan.all_names])
 
 
-def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int, P: int
-              ) -> dict[str, Any]:
-    """Every scenario on rank ``rank`` of ``P``: ``make`` gives fresh collectives, ``gather``
-    every rank's equal-length tensor as (P, n); returns this rank's result."""
+def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int, P: int,
+              names: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The scenarios ``names`` stand for (none: all) on rank ``rank`` of ``P``: ``make`` gives
+    fresh collectives, ``gather`` every rank's equal-length tensor as (P, n); returns this
+    rank's result."""
     result: dict[str, Any] = {"ranks": P}
+    result["scenarios"] = SCENARIOS.run(names, result, make, gather, rank, P)
+    return result
+
+
+def bitwise(got: np.ndarray, want: np.ndarray) -> dict[str, Any]:
+    """Whether two float32 arrays are equal bit for bit, and where they first differ."""
+    differ = np.flatnonzero(got.view(np.int32) != want.view(np.int32))
+    first = int(differ[0]) if len(differ) else None
+    return {"equal": not len(differ), "differing": len(differ), "first": first,
+            "values": None if first is None else [float(got[first]), float(want[first])]}
+
+
+@SCENARIOS
+def one_step(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+              P: int) -> None:
+    """One step of the sparse exchange (each wire) on four gradient cases, against NumPy."""
     layout_names = sorted(n for n, d in SIZES.items() if d >= 1024) + ["c.bias"]
     for case in ("random", "ties", "one_region", "zero_rank"):
         grads = gradients(case, rank, P, 0)
@@ -200,7 +230,7 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
         got = step_of(st, grads).numpy()
         # the compressed part bit for bit; the small tensors go through the transport's own
         # allreduce, whose order of addition is its own
-        result[f"{case}_equals_reference"] = bool(np.array_equal(got[:D].view(np.int32), want[:D].view(np.int32)))
+        result[f"{case}_against_reference"] = bitwise(got[:D], want[:D])
         result[f"{case}_small_max_abs"] = float(np.abs(got[D:] - want[D:]).max())
         result[f"{case}_nonzeros"] = int(np.count_nonzero(got[:D]))
         result[f"{case}_owned"] = comm.received
@@ -216,12 +246,17 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
             st, comm = state(make, exchange="sparse", wire=wire)
             got = step_of(st, grads).numpy()
             want = reference(everyone[:, :D].numpy(), 45, everyone[:, D:].numpy(), wire)
-            result[f"{wire}_{case}_equals_reference"] = bool(np.array_equal(got[:D].view(np.int32),
-                                                                            want[:D].view(np.int32)))
+            result[f"{wire}_{case}_against_reference"] = bitwise(got[:D], want[:D])
             result[f"{wire}_{case}_nonzeros"] = int(np.count_nonzero(got[:D]))
             result[f"{wire}_{case}_counted"] = comm.sent
             result[f"{wire}_{case}_stats"] = vars(st.stats)
 
+
+@SCENARIOS
+def steps(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+          P: int) -> None:
+    """4 steps of every exchange and wire: the sparse exchange against the allgather's top k,
+    the residuals' conservation, the bytes counted."""
     # several steps: the sparse exchange's update and residuals equal the allgather's top k (the
     # same selection, the same sums); the sketch runs on the same transport; the residuals keep
     # what was not applied: Σ_r e_r + P·ΣΔ = Σ_r Σ_t g_r,t
@@ -247,6 +282,12 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
         result[f"{e}_steps_counted"] = counted[e][1].sent
         result[f"{e}_steps_stats"] = vars(st.stats)
 
+
+
+@SCENARIOS
+def resume(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+           P: int) -> None:
+    """Restored from saved per-tensor state: bitwise the uninterrupted run."""
     # resume: a new state restored from the first one's per-tensor state after 2 steps continues
     # bitwise as the uninterrupted run (the region edges are not saved: they move no bit), also
     # 2 steps into a 3-step warm-up; the control, a fresh state from step 2, does not
@@ -266,36 +307,55 @@ def scenarios(make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Te
                     digests[key].append(digest(step_of(st, grads), st.residual))
         result[f"{label}_digests"] = digests
 
-    # NaN on one rank: every rank raises naming the tensor, and nothing is committed (both wires)
-    for prefix, wire in [("", "fp32")] + [(f"{w}_", w) for w in COMPACT]:
-        st, _ = state(make, exchange="sparse", wire=wire)
-        step_of(st, gradients("random", rank, P, 30))
-        before = st.residual.clone()
-        bad = gradients("random", rank, P, 31)
-        if rank == P - 1:
-            bad["b.weight"][7] = float("nan")
-        try:
-            step_of(st, bad)
-            result[f"{prefix}nan_error"] = ""
-        except FloatingPointError as error:
-            result[f"{prefix}nan_error"] = str(error)
-        result[f"{prefix}nan_residual_kept"] = bool(torch.equal(before, st.residual))
 
-    # options that differ across ranks: every rank raises
+def nan_on_last_rank(result: dict, make: Callable[[], Any], rank: int, P: int, wire: str, prefix: str) -> None:
+    """NaN on one rank: every rank raises naming the tensor, and nothing is committed."""
+    st, _ = state(make, exchange="sparse", wire=wire)
+    step_of(st, gradients("random", rank, P, 30))
+    before = st.residual.clone()
+    bad = gradients("random", rank, P, 31)
+    if rank == P - 1:
+        bad["b.weight"][7] = float("nan")
+    try:
+        step_of(st, bad)
+        result[f"{prefix}nan_error"] = ""
+    except FloatingPointError as error:
+        result[f"{prefix}nan_error"] = str(error)
+    result[f"{prefix}nan_residual_change"] = float((st.residual - before).abs().max())
+
+
+@SCENARIOS
+def nonfinite(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+              P: int) -> None:
+    """NaN on the last rank, the fp32 wire (:func:`nan_on_last_rank`)."""
+    nan_on_last_rank(result, make, rank, P, "fp32", "")
+
+
+@SCENARIOS
+def nonfinite_compact(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor],
+                      rank: int, P: int) -> None:
+    """NaN on the last rank, the compact wires (:func:`nan_on_last_rank`)."""
+    for wire in COMPACT:
+        nan_on_last_rank(result, make, rank, P, wire, f"{wire}_")
+
+
+@SCENARIOS
+def options(result: dict, make: Callable[[], Any], gather: Callable[[torch.Tensor], torch.Tensor], rank: int,
+            P: int) -> None:
+    """Options that differ across ranks: every rank raises."""
     st, _ = state(make, exchange="sparse", **({"seed": 1} if rank == 0 else {}))
     try:
         step_of(st, gradients("random", rank, P, 40))
         result["options_error"] = ""
     except ValueError as error:
         result["options_error"] = str(error)
-    return result
 
 
-def main(out_dir: str, kind: str) -> None:
+def main(out_dir: str, kind: str, *names: str) -> None:
     from rank_result import write_result
 
     make, gather, rank, P = transport(kind)
-    write_result(out_dir, rank, scenarios(make, gather, rank, P))
+    write_result(out_dir, rank, scenarios(make, gather, rank, P, names))
     if kind == "ddp":
         import torch.distributed as dist
 
@@ -303,4 +363,4 @@ def main(out_dir: str, kind: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -12,4 +12,5 @@ def result_path(out_dir: str | Path, rank: int) -> Path:
 
 
 def write_result(out_dir: str | Path, rank: int, result: dict) -> None:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)  # run alone, a worker may be given a new folder
     result_path(out_dir, rank).write_text(json.dumps(result))

@@ -1,6 +1,12 @@
 """Runs under ``horovodrun``: GsSketch for TensorFlow on real ranks, one JSON file per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/tf_scenarios.py OUT_DIR
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/tf_scenarios.py OUT_DIR [NAME ...]
+
+NAME: a scenario (``k_equals_d``, ``identical_updates``, ``warmup``, ``resume``, ``nonfinite``,
+``bf16``, ``sparse_equals_allgather``, ``compact_wires``, ``keras``, ``check_every``,
+``mismatch``; none: all), e.g. the checkpoint's resume alone:
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/tf_scenarios.py /tmp/out resume
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from rank_result import write_result  # noqa: E402
+from scenario import Scenarios  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from gs_horovod.tensorflow import GsSketch  # noqa: E402
 
 EXCHANGES = ("sketch", "allgather", "sparse")  # named: at 2 ranks "auto" would pick the allgather
+SCENARIOS = Scenarios()  # each scenario(result, x, y), in the order they run
 
 
 class Mlp(tf.Module):
@@ -78,7 +86,7 @@ def run(model, step, x, y, steps: range) -> None:
         step(*batch(x, y, i))
 
 
-def keras_fit(x, y, compression) -> tuple[float, float]:
+def fitted(x, y, compression) -> tuple[float, float]:
     tf.keras.utils.set_random_seed(3)
     model = tf.keras.Sequential([tf.keras.layers.Dense(64, activation="relu", input_shape=(64,)),
                                  tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
@@ -91,34 +99,33 @@ def keras_fit(x, y, compression) -> tuple[float, float]:
             float(hvd.allreduce(tf.constant(acc), name="keras_acc")))
 
 
-def main(out_dir: str) -> None:
-    hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)[hvd.rank()::hvd.size()]
-    y = y.astype(np.int64)[hvd.rank()::hvd.size()]
-    result: dict = {"rank": hvd.rank()}
-
-    # k = d with the exact round is dense allreduce
+@SCENARIOS
+def k_equals_d(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """k = d with the exact round is dense allreduce."""
     dense, gs = Mlp(0), Mlp(0)
     run(dense, make_step(dense, hvd.Compression.none), x, y, range(5))
     run(gs, make_step(gs, GsSketch(ratio=1.0, rows=1, width=1.0, min_size=1, wire="fp32")), x, y, range(5))
     result["k_equals_d_max_abs_diff"] = max(float(tf.reduce_max(tf.abs(a - b)))
                                             for a, b in zip(dense.trainable_variables, gs.trainable_variables))
 
-    # identical updates on every rank, in tf.function and eagerly, with and without the exact
-    # round (the sketch; every exchange: the warm-up runs below and the sparse-against-allgather
-    # runs)
+
+@SCENARIOS
+def identical_updates(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Identical updates on every rank, in tf.function and eagerly, with and without the exact
+    round (the sketch; every exchange: the warm-up runs and the sparse-against-allgather runs)."""
     for graph in (True, False):
         for exact in (True, False):
             model = Mlp(1)
             step = make_step(model, GsSketch(ratio=0.05, min_size=64, exact=exact, exchange="sketch"), graph=graph)
             result[f"digests_graph_{graph}_exact_{exact}"] = digests_after_each(model, step, x, y, 6)
 
-    # warm-up: 2 dense steps (the same weights as Horovod's dense allreduce), then compressed
+
+@SCENARIOS
+def warmup(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Warm-up: 2 dense steps (the same weights as Horovod's dense allreduce), then compressed
     # ones (their digests: every rank applies the same update); all ranks alike. The bytes
-    # counted after the warm-up and after the 2 steps beyond it, and the weights against 4 dense
-    # steps: a warm-up that never ended would count no exchange's bytes and stay dense
+    counted after the warm-up and after the 2 steps beyond it, and the weights against 4 dense
+    steps: a warm-up that never ended would count no exchange's bytes and stay dense."""
     dense = Mlp(5)
     dense_step = make_step(dense, hvd.Compression.none)
     run(dense, dense_step, x, y, range(2))
@@ -144,11 +151,15 @@ def main(out_dir: str) -> None:
         result[f"{exchange}_after_warmup_dense_max_abs_diff"] = max_abs_diff(
             [v.numpy() for v in dense.trainable_variables], model)
 
-    # checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more
+
+@SCENARIOS
+def resume(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Checkpoint: 2N steps straight vs N, tf.train.Checkpoint, new objects restored, N more."""
     n = 4
     model, gs = Mlp(2), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
     run(model, make_step(model, gs), x, y, range(2 * n))
     result["resume_straight"] = digest(model)
+    straight = [v.numpy() for v in model.trainable_variables]
     model, gs = Mlp(2), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
     run(model, make_step(model, gs), x, y, range(n))
     path = tf.train.Checkpoint(model=model, compression=gs).write(os.path.join(tempfile.mkdtemp(), "ckpt"))
@@ -156,6 +167,8 @@ def main(out_dir: str) -> None:
     tf.train.Checkpoint(model=model, compression=gs).read(path)  # gs state restored when created
     run(model, make_step(model, gs), x, y, range(n, 2 * n))
     result["resume_restored"] = digest(model)
+    result["resume_max_abs_diff"] = max(float(np.abs(a - v.numpy()).max())
+                                        for a, v in zip(straight, model.trainable_variables))
     result["resume_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
     # the control: the model restored, GsSketch's state (residuals, momentum, steps) not
     model, gs = Mlp(99), GsSketch(ratio=0.05, min_size=64, momentum=0.5)
@@ -164,9 +177,12 @@ def main(out_dir: str) -> None:
     result["resume_not_loaded"] = digest(model)
     result["resume_not_loaded_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
-    # NaN planted in w2's gradient on rank 1: the same error on every rank naming w2, nothing
-    # committed (raise: every exchange; skip: the sketch)
-    for mode, exchange in (("raise", "sketch"), ("raise", "allgather"), ("raise", "sparse"), ("skip", "sketch")):
+
+@SCENARIOS
+def nonfinite(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """NaN planted in w2's gradient on rank 1, the sketch: the same error on every rank naming w2
+    (raise), or the step dropped (skip); nothing committed either way."""
+    for mode, exchange in (("raise", "sketch"), ("skip", "sketch")):
         model, gs = Mlp(4), GsSketch(ratio=0.05, min_size=64, nonfinite=mode, exchange=exchange)
         step = make_step(model, gs)
         step(*batch(x, y, 0))
@@ -180,10 +196,14 @@ def main(out_dir: str) -> None:
         except tf.errors.InvalidArgumentError as e:
             result[f"{exchange}_nan_{mode}_error"] = e.message
         after = [v.residual.numpy() for v in gs.states.values()] + [digest(model)]
-        result[f"{exchange}_nan_{mode}_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before, after))
+        result[f"{exchange}_nan_{mode}_changed"] = [i for i, (a, b) in enumerate(zip(before, after))
+                                                    if not np.array_equal(a, b)]  # residuals by variable, the model
         result[f"{exchange}_nan_{mode}_steps"] = [int(v.steps.numpy()) for v in gs.steps.values()]
 
-    # bfloat16 variables, a large one (sketched) and a small one (sent exactly)
+
+@SCENARIOS
+def bf16(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """bfloat16 variables, a large one (sketched) and a small one (sent exactly)."""
     model = Mlp(6)
     for name in ("w1", "b1"):
         setattr(model, name, tf.Variable(tf.cast(getattr(model, name), tf.bfloat16), name=name))
@@ -198,8 +218,11 @@ def main(out_dir: str) -> None:
                             for v in model.trainable_variables}  # coordinates that moved, by variable
     result["bf16_dtypes"] = {v.name: v.dtype.name for v in model.trainable_variables}
 
-    # the sparse exchange (alltoall to the owners, threshold, allgather of the selected pairs)
-    # applies exactly the allgather's top k: the same model after every step, in a tf.function
+
+@SCENARIOS
+def sparse_equals_allgather(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """The sparse exchange (alltoall to the owners, threshold, allgather of the selected pairs)
+    applies exactly the allgather's top k: the same model after every step, in a tf.function."""
     for scope in ("global", "layer"):
         # (wire="fp32": the compact wire rounds the owners' sums, which the allgather does not)
         for name, options in (("sparse", {"exchange": "sparse", "wire": "fp32"}),
@@ -207,29 +230,54 @@ def main(out_dir: str) -> None:
             model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, scope=scope, **options)
             result[f"{name}_{scope}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
             result[f"{name}_{scope}_stats"] = vars(gs.stats)
-    # the compact wires in the graph (their codec through tf.numpy_function), both pair exchanges
+
+
+@SCENARIOS
+def compact_wires(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """The compact wires in the graph (their codec through tf.numpy_function), both pair exchanges."""
     for name in ("sparse", "allgather"):
         for wire in ("compact", "compact8"):
             model, gs = Mlp(9), GsSketch(ratio=0.05, min_size=64, exchange=name, wire=wire)
             result[f"{wire}_{name}_digests"] = digests_after_each(model, make_step(model, gs), x, y, 4)
             result[f"{wire}_{name}_stats"] = vars(gs.stats)
 
-    # Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)
-    result["keras_dense"] = keras_fit(x, y, hvd.Compression.none)
-    result["keras_gs"] = keras_fit(x, y, GsSketch(ratio=0.05, min_size=64))
 
-    # Last, as a failed step leaves Horovod's collectives of that step unmatched: a selection
-    # that differs on one rank (check_every), and options that differ across ranks.
+@SCENARIOS
+def keras(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Keras (tf-keras) fit: dense vs GsSketch (k = 5 %)."""
+    result["keras_dense"] = fitted(x, y, hvd.Compression.none)
+    result["keras_gs"] = fitted(x, y, GsSketch(ratio=0.05, min_size=64))
+
+
+# Last, as a failed step leaves Horovod's collectives of that step unmatched: a selection that
+# differs on one rank (check_every), and options that differ across ranks.
+@SCENARIOS
+def check_every(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """One rank's sketch nominates every candidate one coordinate off: check_every=1 raises."""
     model, gs = Mlp(7), GsSketch(ratio=0.05, min_size=64, check_every=1, exchange="sketch")
     if hvd.rank() == 1:  # this rank's sketch nominates every candidate one coordinate off
         heavy_hitters = gs.ops.heavy_hitters
         gs.ops.heavy_hitters = lambda table, keys, n, count: ((heavy_hitters(table, keys, n, count)[0] + 1) % n,
                                                               heavy_hitters(table, keys, n, count)[1])
     result["check_every_error"] = _error(lambda: make_step(model, gs)(*batch(x, y, 0)))
+
+
+@SCENARIOS
+def mismatch(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Options that differ across ranks (the hash seed): every rank raises."""
     model = Mlp(8)
     result["mismatch_seed_error"] = _error(lambda: make_step(model, GsSketch(seed=hvd.rank(), min_size=64))(
         *batch(x, y, 0)))
 
+
+def main(out_dir: str, *names: str) -> None:
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)[hvd.rank()::hvd.size()]
+    y = y.astype(np.int64)[hvd.rank()::hvd.size()]
+    result: dict = {"rank": hvd.rank()}
+    result["scenarios"] = SCENARIOS.run(names, result, x, y)
     write_result(out_dir, hvd.rank(), result)
 
 
@@ -242,4 +290,4 @@ def _error(fn) -> str | None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -1,6 +1,12 @@
 """Runs under ``horovodrun``: gs-SGD scenarios on real Horovod ranks, one JSON file per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_scenarios.py OUT_DIR {all,gloo,mpi,options}
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_scenarios.py OUT_DIR [NAME ...]
+
+NAME: a scenario (``k_equals_d_avg``, ``exact_True``, ``warmup``, ``transport_mpi``, ...; an
+unknown name lists them) or a group (``all``, the default; ``gloo``, ``mpi``, ``options``: see
+:data:`SCENARIOS`), e.g. one scenario alone:
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_scenarios.py /tmp/out warmup
 
 Every exchange-dependent scenario runs once per exchange ("sketch", "allgather", "sparse",
 named explicitly: at 2-3 ranks ``exchange="auto"`` would pick the allgather), its results under
@@ -13,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from handed_over import HandedOver, count_collectives
 from rank_result import write_result
+from scenario import Scenarios, each
 from sklearn.datasets import load_digits
 
 from gs_horovod.torch import GsSketch
@@ -109,55 +115,107 @@ def counted_run(out: dict, label: str, gs: GsSketch, steps: int, x, y, seed: int
     out[f"{label}_stats"] = asdict(gs.stats)
 
 
-def dense_references(x, y, scenarios: str) -> dict[str, torch.Tensor]:
-    """Dense Horovod runs the exchanges are compared with: 5 steps of mlp(0) with op Average and
-    Sum ("avg", "sum"), mlp(6) after 2 and 4 steps ("warmup2", "warmup4"); "avg" alone for the
-    "mpi" scenarios, "sum" but not "avg" for the "options" ones."""
-    refs = {}
-    for label, op in (("avg", hvd.Average), ("sum", hvd.Sum)):
-        if scenarios == "options" and label == "avg":
-            continue
-        model = mlp(0)
-        train(model, distributed(model, f"c.{label}.dense.", hvd.Compression.none, lr=0.05, op=op), x, y, steps=5)
-        refs[label] = flat(model)
-        if scenarios == "mpi":
-            return refs
-    model = mlp(6)
-    opt = distributed(model, "w.dense.", hvd.Compression.none)
-    for label in ("warmup2", "warmup4"):
-        train(model, opt, x, y, steps=2)
-        refs[label] = flat(model)
-    return refs
+class Data:
+    """This rank's shard of the digits, and the dense Horovod runs the exchanges are compared
+    with, each trained when a scenario first asks for it: 5 steps of mlp(0) with op Average and
+    Sum ("avg", "sum"), mlp(6) after 2 and 4 steps ("warmup2", "warmup4")."""
+
+    def __init__(self) -> None:
+        self.x, self.y = digits_shard()
+        self.refs: dict[str, torch.Tensor] = {}
+
+    def ref(self, label: str) -> torch.Tensor:
+        if label not in self.refs and label in ("avg", "sum"):
+            model = mlp(0)
+            op = hvd.Average if label == "avg" else hvd.Sum
+            train(model, distributed(model, f"c.{label}.dense.", hvd.Compression.none, lr=0.05, op=op), self.x, self.y,
+                  steps=5)
+            self.refs[label] = flat(model)
+        elif label not in self.refs:
+            model = mlp(6)
+            opt = distributed(model, "w.dense.", hvd.Compression.none)
+            for warm in ("warmup2", "warmup4"):
+                train(model, opt, self.x, self.y, steps=2)
+                self.refs[warm] = flat(model)
+        return self.refs[label]
 
 
-def k_equals_d(out: dict, exchange: str, refs: dict, x, y, ops: tuple = (("avg", hvd.Average), ("sum", hvd.Sum))
-               ) -> None:
-    """k = D (each exchange with its own exact round or not) against dense, with each of
-    ``ops`` (Average and Sum): 5 steps."""
-    for label, op in ops:
-        gs = mlp(0)
-        compression = GsSketch(exchange=exchange, **K_EQUALS_D)
-        train(gs, distributed(gs, f"c.{label}.gs.", compression, lr=0.05, op=op), x, y, steps=5)
-        out[f"k_equals_d_{label}_max_abs_diff"] = (refs[label] - flat(gs)).abs().max().item()
-        out[f"k_equals_d_{label}_changed"] = max_diff(mlp(0), gs)
+# "all": 2 ranks, gloo; "gloo": 3 ranks, all but the 600-step convergence runs; "mpi": under
+# Horovod's MPI controller (every scenario costs several times more on oversubscribed cores) the
+# adapter's core checks and transport="mpi"; "options": what "gloo" runs beyond "mpi", for one
+# run under the MPI controller
+CORE = ("k_equals_d_avg", "exact_True", "transport_mpi", "baselines", "kernels_used", "refusals", "mismatch")
+OPTIONS = ("k_equals_d_sum", "exact_False", "candidates2", "apply_all", "prefilter0", "warmup", "dtypes", "groups")
+SCENARIOS = Scenarios(gloo=CORE + OPTIONS, mpi=CORE, options=OPTIONS)
 
 
-def warmup(out: dict, exchange: str, refs: dict, x, y) -> None:
+def k_equals_d(out: dict, exchange: str, data: Data, label: str, op) -> None:
+    """k = D (each exchange with its own exact round or not) against dense with ``op``: 5 steps."""
+    gs = mlp(0)
+    compression = GsSketch(exchange=exchange, **K_EQUALS_D)
+    train(gs, distributed(gs, f"c.{label}.gs.", compression, lr=0.05, op=op), data.x, data.y, steps=5)
+    ref = data.ref(label)
+    out[f"k_equals_d_{label}_max_abs_diff"] = (ref - flat(gs)).abs().max().item()
+    out[f"k_equals_d_{label}_norms"] = [ref.norm().item(), flat(gs).norm().item()]
+    out[f"k_equals_d_{label}_changed"] = max_diff(mlp(0), gs)
+
+
+@SCENARIOS
+@each(EXCHANGES)
+def k_equals_d_avg(out: dict, exchange: str, data: Data) -> None:
+    """k = D with op=hvd.Average against Horovod's dense Average."""
+    k_equals_d(out, exchange, data, "avg", hvd.Average)
+
+
+@SCENARIOS
+@each(EXCHANGES)
+def k_equals_d_sum(out: dict, exchange: str, data: Data) -> None:
+    """k = D with op=hvd.Sum against Horovod's dense Sum."""
+    k_equals_d(out, exchange, data, "sum", hvd.Sum)
+
+
+def counted_scenario(label: str, steps: int, **options: Any) -> None:
+    """Registers the scenario ``label``: ``steps`` counted steps (:func:`counted_run`) of
+    GsSketch(ratio=0.05, min_size=64, **options) for each exchange."""
+
+    def scenario(out: dict, exchange: str, data: Data) -> None:
+        counted_run(out, label, GsSketch(ratio=0.05, min_size=64, exchange=exchange, **options), steps, data.x, data.y)
+
+    scenario.__name__ = scenario.__qualname__ = label
+    SCENARIOS(each(EXCHANGES)(scenario))
+
+
+# with the exact round and without; options beyond the defaults on real ranks: more candidates
+# (from a pre-filter as large: the exchanges that send pairs nominate from it), apply every
+# delivered value, no pre-filter
+counted_scenario("exact_True", 10, exact=True)
+counted_scenario("exact_False", 10, exact=False)
+counted_scenario("candidates2", 4, candidates=2, prefilter=2)
+counted_scenario("apply_all", 4, apply="all")
+counted_scenario("prefilter0", 4, prefilter=0)
+
+
+@SCENARIOS
+@each(EXCHANGES)
+def warmup(out: dict, exchange: str, data: Data) -> None:
     """warmup_steps=2 against dense Horovod: equal after 2 steps, apart after 4."""
     model = mlp(6)
     gs = GsSketch(ratio=0.05, min_size=64, warmup_steps=2, exchange=exchange)
     opt = distributed(model, "w.gs.", gs)
     for label in ("warmup2", "warmup4"):
-        train(model, opt, x, y, steps=2)
-        out.setdefault("warmup_max_abs_diff", []).append((refs[label] - flat(model)).abs().max().item())
+        train(model, opt, data.x, data.y, steps=2)
+        out.setdefault("warmup_max_abs_diff", []).append((data.ref(label) - flat(model)).abs().max().item())
         out.setdefault("warmup_dense_bytes", []).append(gs.stats.dense_bytes)
     out["warmup_elements"] = sum(p.numel() for p in model.parameters())
 
 
-def state_keys_and_dtypes(out: dict, exchange: str, x, y) -> None:
+@SCENARIOS
+@each(EXCHANGES)
+def dtypes(out: dict, exchange: str, data: Data) -> None:
     """State keys survive set_to_none, a layer without gradients every 3rd step, and
     backward_passes_per_step = 2; bf16 and fp64 gradients are compressed in f32 and returned in
     their own dtype."""
+    x, y = data.x, data.y
     for label, dtype in (("bf16", torch.bfloat16), ("fp64", torch.float64)):
         model = mlp(3, dtype)
         start = flat(model)
@@ -175,18 +233,40 @@ def state_keys_and_dtypes(out: dict, exchange: str, x, y) -> None:
         out[f"{label}_state_steps"] = {name: st["steps"] for name, st in gs.local_state_dict()["tensors"].items()}
         out[f"{label}_grad_dtypes"] = sorted({str(p.grad.dtype) for p in model.parameters()})
         out[f"{label}_param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
-        out[f"{label}_params_finite"] = bool(torch.isfinite(flat(model)).all())
+        out[f"{label}_nonfinite"] = int((~torch.isfinite(flat(model))).sum())
         out[f"{label}_changed"] = (flat(model) - start).abs().max().item()
         out[f"{label}_digest"] = digest(model)
 
 
-def groups(out: dict, exchange: str, x, y) -> None:
+@SCENARIOS
+@each(EXCHANGES)
+def groups(out: dict, exchange: str, data: Data) -> None:
     """Horovod's grouped allreduce (groups=2) gives the same model, bit for bit, as without."""
     for label, kw in (("plain", {}), ("grouped", {"groups": 2})):
         model = mlp(10)
         train(model, distributed(model, f"g.{label}.", GsSketch(ratio=0.05, min_size=64, exchange=exchange), **kw),
-              x, y, steps=4)
+              data.x, data.y, steps=4)
         out[f"groups_{label}_digest"] = digest(model)
+        out[f"groups_{label}_flat"] = flat(model)
+    plain, grouped = out.pop("groups_plain_flat"), out.pop("groups_grouped_flat")
+    out["groups_max_abs_diff"] = (plain - grouped).abs().max().item()
+
+
+@SCENARIOS
+def transport_mpi(result: dict, data: Data) -> None:
+    """transport="mpi" under Horovod's MPI controller (:func:`mpi_merge`, each exchange); under
+    gloo: refused at the first step."""
+    if hvd.mpi_enabled():
+        for exchange in EXCHANGES:
+            mpi_merge(result.setdefault(exchange, {}), exchange, data.x, data.y)
+        return
+    model = mlp(4)
+    opt = distributed(model, "u.", GsSketch(transport="mpi", ratio=0.05, min_size=64))
+    try:
+        train(model, opt, data.x, data.y, steps=1)
+        result["mpi_merge_under_gloo_error"] = None
+    except RuntimeError as e:
+        result["mpi_merge_under_gloo_error"] = str(e)
 
 
 def mpi_merge(out: dict, exchange: str, x, y) -> None:
@@ -223,46 +303,26 @@ def mpi_merge(out: dict, exchange: str, x, y) -> None:
         out["mpi_comm_digest"] = digest(model)
 
 
-def convergence(out: dict, exchange: str, x, y) -> None:
-    """600 steps of gs-SGD (k = 2 % of the model's coordinates) with ``exchange``."""
+@SCENARIOS
+def convergence(result: dict, data: Data) -> None:
+    """600 steps of gs-SGD (k = 2 % of the model's coordinates) with each exchange, and of dense
+    Horovod from the same model."""
+    x, y = data.x, data.y
+    for exchange in EXCHANGES:
+        model = mlp(2)
+        compression = GsSketch(ratio=0.02, min_size=64, exchange=exchange)
+        train(model, distributed(model, f"e.{exchange}.", compression), x, y, steps=600)
+        out = result.setdefault(exchange, {})
+        out["gs_loss_acc"] = evaluate(model, x, y)
+        out["gs_bytes_per_step"] = compression.stats.total_bytes / compression.stats.steps
     model = mlp(2)
-    compression = GsSketch(ratio=0.02, min_size=64, exchange=exchange)
-    train(model, distributed(model, f"e.{exchange}.", compression), x, y, steps=600)
-    out["gs_loss_acc"] = evaluate(model, x, y)
-    out["gs_bytes_per_step"] = compression.stats.total_bytes / compression.stats.steps
+    train(model, distributed(model, "e.dense.", hvd.Compression.none), x, y, steps=600)
+    result["dense_loss_acc"] = evaluate(model, x, y)
+    result["dense_bytes_per_step"] = sum(p.numel() * 4 for p in mlp(2).parameters())
 
 
-def per_exchange(exchange: str, refs: dict, x, y, scenarios: str) -> dict:
-    """``scenarios``: "all" (everything, the convergence run included), "gloo" (all but the
-    convergence run), "mpi" (the adapter's core checks and transport="mpi": under Horovod's MPI
-    controller every scenario costs several times more on oversubscribed cores), "options"
-    (what "gloo" runs beyond "mpi", for one run under the MPI controller: op Sum, exact=False,
-    candidates, apply="all", prefilter=0, the warm-up, bf16/fp64 and grouped allreduce)."""
-    out: dict = {}
-    if scenarios == "mpi":  # op Average, with the exact round, and transport="mpi"
-        k_equals_d(out, exchange, refs, x, y, ops=(("avg", hvd.Average),))
-        counted_run(out, "exact_True", GsSketch(ratio=0.05, exact=True, min_size=64, exchange=exchange), 10, x, y)
-        mpi_merge(out, exchange, x, y)
-        return out
-    options = scenarios == "options"
-    k_equals_d(out, exchange, refs, x, y, ops=(("sum", hvd.Sum),) if options else (("avg", hvd.Average),
-                                                                                     ("sum", hvd.Sum)))
-    for exact in (False,) if options else (True, False):
-        counted_run(out, f"exact_{exact}", GsSketch(ratio=0.05, exact=exact, min_size=64, exchange=exchange), 10, x, y)
-    # options beyond the defaults on real ranks: more candidates (from a pre-filter as large:
-    # the exchanges that send pairs nominate from it), apply every delivered value, no pre-filter
-    for label, options in (("candidates2", {"candidates": 2, "prefilter": 2}), ("apply_all", {"apply": "all"}),
-                           ("prefilter0", {"prefilter": 0})):
-        counted_run(out, label, GsSketch(ratio=0.05, min_size=64, exchange=exchange, **options), 4, x, y)
-    warmup(out, exchange, refs, x, y)
-    state_keys_and_dtypes(out, exchange, x, y)
-    groups(out, exchange, x, y)
-    if scenarios == "all":
-        convergence(out, exchange, x, y)
-    return out
-
-
-def baselines(result: dict, x, y) -> None:
+@SCENARIOS
+def baselines(result: dict, data: Data) -> None:
     """Every method of the registry (gs_bench.methods), 3 steps: its meter's payload per
     step against the bytes handed to Horovod (by the method's own collectives, or by Horovod's
     DistributedOptimizer for dense, fp16 and gs)."""
@@ -282,17 +342,18 @@ def baselines(result: dict, x, y) -> None:
                                            [(f"b.{method}.{n}", p) for n, p in model.named_parameters()],
                                            ratio=ratio, **options)
         with HandedOver() as counted:
-            train(model, opt, x, y, steps=3)
+            train(model, opt, data.x, data.y, steps=3)
         result[f"baseline_{method}"] = {"meter_payload_per_step": meter.per_step()[0],
                                         "counted_per_step": counted.total() / 3,
                                         "optimizer_per_step": counted.total("optimizer:") / 3,
                                         "engine_checks_per_step": sum(counted.by_name.get(n, 0) for n in
                                                                       ("gs_horovod.options",)) / 3,
                                         "parameters": len(list(model.parameters())),
-                                        "finite": bool(torch.isfinite(flat(model)).all())}
+                                        "nonfinite": int((~torch.isfinite(flat(model))).sum())}
 
 
-def kernels_used(result: dict, x, y) -> None:
+@SCENARIOS
+def kernels_used(result: dict, data: Data) -> None:
     """Which backend's sketch kernels ran for CPU tensors under backend="auto" (the default):
     every kernel call of gs_horovod.kernels.torch_ops counted by backend, 2 steps of the sketch."""
     from gs_horovod.kernels import torch_ops
@@ -311,19 +372,23 @@ def kernels_used(result: dict, x, y) -> None:
             kernels[name] = counted(backend, fn)
     try:
         model = mlp(13)
-        train(model, distributed(model, "k.", GsSketch(ratio=0.05, min_size=64, exchange="sketch")), x, y, steps=2)
+        train(model, distributed(model, "k.", GsSketch(ratio=0.05, min_size=64, exchange="sketch")), data.x, data.y,
+              steps=2)
     finally:
         for backend, kernels in saved.items():
             torch_ops._KERNELS[backend].update(kernels)
     result["auto_backends_used"] = sorted(used)
 
 
-def refusals(result: dict, x, y) -> None:
+# Last, as they abandon their optimizers mid-step: Adasum and GsSketch outside an optimizer,
+# then options that differ across ranks.
+@SCENARIOS
+def refusals(result: dict, data: Data) -> None:
     """hvd.Adasum refused; GsSketch outside a DistributedOptimizer refused."""
     model = mlp(11)
     opt = distributed(model, "a.", GsSketch(ratio=0.05, min_size=64), op=hvd.Adasum)
     try:
-        train(model, opt, x, y, steps=1)
+        train(model, opt, data.x, data.y, steps=1)
         result["adasum_error"] = None
     except Exception as e:  # noqa: BLE001 - the test reads which error it was
         result["adasum_error"] = f"{type(e).__name__}: {e}"
@@ -334,49 +399,24 @@ def refusals(result: dict, x, y) -> None:
         result["outside_optimizer_error"] = str(e)
 
 
-def main(out_dir: str, scenarios: str = "all") -> None:
-    hvd.init()
-    torch.set_num_threads(1)
-    x, y = digits_shard()
-    result: dict = {"rank": hvd.rank(), "size": hvd.size(), "scenarios": scenarios}
-    refs = dense_references(x, y, scenarios)
-    seconds = {}
-    for exchange in EXCHANGES:
-        start = time.perf_counter()
-        result[exchange] = per_exchange(exchange, refs, x, y, scenarios)
-        seconds[exchange] = round(time.perf_counter() - start, 1)
-    result["seconds"] = seconds  # for the record (the suite's time), not asserted
-    if scenarios == "options":  # the rest runs in the "mpi" scenarios
-        write_result(out_dir, hvd.rank(), result)
-        hvd.shutdown()
-        return
-    if scenarios == "all":
-        model = mlp(2)
-        train(model, distributed(model, "e.dense.", hvd.Compression.none), x, y, steps=600)
-        result["dense_loss_acc"] = evaluate(model, x, y)
-        result["dense_bytes_per_step"] = sum(p.numel() * 4 for p in mlp(2).parameters())
-    if not hvd.mpi_enabled():
-        model = mlp(4)
-        opt = distributed(model, "u.", GsSketch(transport="mpi", ratio=0.05, min_size=64))
-        try:
-            train(model, opt, x, y, steps=1)
-        except RuntimeError as e:
-            result["mpi_merge_under_gloo_error"] = str(e)
-    baselines(result, x, y)
-    kernels_used(result, x, y)
-
-    # Last, as they abandon their optimizers mid-step: Adasum and GsSketch outside an optimizer,
-    # then options that differ across ranks.
-    refusals(result, x, y)
+@SCENARIOS
+def mismatch(result: dict, data: Data) -> None:
+    """Options that differ across ranks (the hash seed, the sketch's rows): every rank raises."""
     for label, options in (("seed", {"seed": hvd.rank()}), ("rows", {"rows": 3 + 2 * hvd.rank()})):
         model = mlp(5)
         opt = distributed(model, f"x.{label}.", GsSketch(ratio=0.05, min_size=64, exchange="sketch", **options))
         try:
-            train(model, opt, x, y, steps=1)
+            train(model, opt, data.x, data.y, steps=1)
             result[f"mismatch_{label}_error"] = None
         except Exception as e:  # noqa: BLE001 - the test reads which error each rank saw
             result[f"mismatch_{label}_error"] = f"{type(e).__name__}: {e}"
 
+
+def main(out_dir: str, *names: str) -> None:
+    hvd.init()
+    torch.set_num_threads(1)
+    result: dict = {"rank": hvd.rank(), "size": hvd.size()}
+    result["scenarios"] = SCENARIOS.run(names, result, Data())
     write_result(out_dir, hvd.rank(), result)
     hvd.shutdown()
 
