@@ -145,6 +145,12 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
     def _options(self) -> dict[str, Any]:
         return {**asdict(self.config), "transport": self.transport}
 
+    @property
+    def dense_rides_horovod(self) -> bool:
+        """Whether an early dense step may hand its float16 gradient to Horovod's own allreduce
+        (the transport's :attr:`~gs_horovod.transports.horovod.HorovodCollectives.dense_rides_horovod`)."""
+        return TRANSPORTS[self.transport].dense_rides_horovod
+
     def _collectives(self, op: Any, process_set: Any) -> HorovodCollectives:
         """The collectives of one optimizer on the chosen transport, after checking its op (the
         transport checks the process set)."""

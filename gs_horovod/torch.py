@@ -33,7 +33,6 @@ from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
 from .torch_params import Params, calling_optimizer
-from .transports import TRANSPORTS
 from .transports.mpi import MergeStats, tree_allreduce_tensor
 
 
@@ -92,8 +91,7 @@ class GsSketch(GsSketchBase, Compressor):
         grad = tensor.detach().reshape(-1)
         state.record(name, grad.float())
         flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
-        if state.early and TRANSPORTS[self.transport].dense_rides_horovod:
-            # the flag in float16: an abort (65536) reads as inf
+        if state.early and self.dense_rides_horovod:  # the flag in float16: an abort (65536) reads as inf
             return torch.cat([flag.half(), grad.half()]), _Ctx(state, name, tensor.shape, tensor.dtype, True)
         return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 
@@ -225,23 +223,20 @@ class GsSketchValue(metaclass=_IsGsSketch):
 class GsSketchHandler(StateHandler):
     """Horovod elastic state handler of a GsSketch: ``hvd.elastic.TorchState(model, optimizer,
     gs=compression)`` commits, rolls back and syncs each rank's residuals and momentum with the
-    model (:class:`~gs_horovod.elastic.ElasticGsState`); registered in Horovod's torch handler
-    registry when this module is imported."""
+    model (:class:`~gs_horovod.elastic.ElasticGsState`: ``save`` and ``sync`` are collective,
+    ``restore`` is not); registered in Horovod's torch handler registry when this module is imported."""
 
     def __init__(self, value: Any) -> None:
         super().__init__(value)
         self.set_value(value)
 
     def save(self) -> None:
-        """Collective: :meth:`ElasticGsState.save <gs_horovod.elastic.ElasticGsState.save>`."""
         self.elastic.save()
 
     def restore(self) -> None:
-        """Not collective: :meth:`ElasticGsState.restore <gs_horovod.elastic.ElasticGsState.restore>`."""
         self.elastic.restore()
 
     def sync(self) -> None:
-        """Collective over the new world: :meth:`ElasticGsState.sync <gs_horovod.elastic.ElasticGsState.sync>`."""
         self.elastic.sync()
 
     def set_value(self, value: Any) -> None:
