@@ -36,16 +36,16 @@ def copy(tmp_path: Path) -> Path:
 
 
 def test_a_changed_data_file_fails_the_check(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One seed's final accuracy changed in docs/convergence_cnn_sim16.json: ``--check`` exits 1
+    """One seed's final accuracy changed in docs/convergence_cnn_sim4.json: ``--check`` exits 1
     and names the blocks made from it (the table and the gs_vs_best lines); a rewrite brings the
     new figure into the doc and the check passes again."""
-    data = copy / "docs" / "convergence_cnn_sim16.json"
+    data = copy / "docs" / "convergence_cnn_sim4.json"
     runs = json.loads(data.read_text())
     runs["gs @ 0.001"]["0"]["history"][-1]["accuracy"] = 0.25
     data.write_text(json.dumps(runs))
     assert report.main(["--check", "--root", str(copy)]) == 1
     out = capsys.readouterr().out
-    assert "block 'cnn_sim16.table' differs" in out and "block 'cnn_sim16.gs_vs_best' differs" in out
+    assert "block 'cnn_sim4.table' differs" in out and "block 'cnn_sim4.gs_vs_best' differs" in out
     assert "block 'cnn.table'" not in out
     assert report.main(["--root", str(copy)]) == 0
     assert report.main(["--check", "--root", str(copy)]) == 0

@@ -128,9 +128,14 @@ def gs_vs_best_line(docs: Path, name: str, ranks: int, ratio: float = 0.001) -> 
     --simulated-ranks P --plot-only`` prints them."""
     runs = load(docs, name)
     metric = metric_of(runs)
-    x, y, peer, peers = conv.gs_vs_best(runs, metric, ratio)
     _, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
     lines = [f"every peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):"]
+    try:
+        x, y, peer, peers = conv.gs_vs_best(runs, metric, ratio)
+    except ValueError:  # every peer's first evaluation sent more than gs's whole budget
+        lines += [f"  {key}: {got.text()}" for key, got in conv.peers_at_budget(runs, metric, ratio).items()]
+        lines += [f"gs_vs_best P={ranks} none: no peer within gs's wire bytes"]
+        return "\n".join("    " + line for line in lines)
     lines += [f"  {key}: {got.text()}" for key, got in peers.items()]
     lines += [f"best peer with a point within gs's wire bytes: {peer}",
               f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"]
@@ -430,8 +435,11 @@ def seeds_ahead(docs: Path, name: str) -> str:
 def gs_vs_best_figure(docs: Path, name: str) -> str:
     """``gs_vs_best.FILE``: the ``gs_vs_best`` line of a simulated-ranks record at k = D/1000."""
     runs = load(docs, f"convergence_{name.split('.', 1)[1]}.json")
-    x, y, _, _ = conv.gs_vs_best(runs, metric_of(runs), 0.001)
     ranks = next(iter(runs["gs @ 0.001"].values()))["ranks"]
+    try:
+        x, y, _, _ = conv.gs_vs_best(runs, metric_of(runs), 0.001)
+    except ValueError:  # every peer's first evaluation sent more than gs's whole budget
+        return f"gs_vs_best P={ranks} none: no peer within gs's wire bytes"
     return f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"
 
 
