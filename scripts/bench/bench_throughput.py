@@ -47,7 +47,7 @@ import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
-from gs_bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer
+from gs_bench.cli import add_compression_flags, append_jsonl, method_options, torch_distributed_optimizer, wire_of
 from gs_bench.methods import METHODS
 from gs_bench.runs import add_out_flags, check_out, stamp
 from gs_bench.variants import variant_word
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
                "ranks": hvd.size(), "cpu_count": os.cpu_count(), "batch": args.batch, "seq": args.seq,
                "hidden": args.hidden, "params": sum(q.numel() for _, q in named), "warmup": args.warmup,
                "steps": args.steps, "seconds": seconds, "steps_per_s": args.steps / seconds,
-               "bytes_per_step": payload, "wire_bytes_per_step": wire,
+               "bytes_per_step": payload, "wire_bytes_per_step": wire, "wire": wire_of(args),
                "collectives": [list(c) for c in meter.collectives()], **run_fields}
         append_jsonl(args.out, row)
 
