@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import horovodrun
+from differ import assert_at_most, assert_equal, assert_ranks_agree
 
 from gs_bench.baselines import GTopK, PowerSGD, SketchedSGD, TopKAllgather
 from gs_horovod.codecs import CODECS
@@ -264,7 +265,9 @@ def test_bad_options_and_rank_counts_are_refused_by_name():
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
 def horovod_ranks(request, tmp_path_factory):
-    return horovodrun("baselines.py", request.param, "gloo", tmp_path_factory.mktemp(f"baselines{request.param}"))
+    ranks = horovodrun("baselines.py", request.param, "gloo", tmp_path_factory.mktemp(f"baselines{request.param}"))
+    assert_equal(ranks[0]["scenarios"], [*HOROVOD_VARIANTS, "powersgd_against_svd"], "the scenarios run")
+    return ranks
 
 
 HOROVOD_VARIANTS = ["topk", "topk-layer", "gtopk", "gtopk-layer", "sketched", "powersgd-r1", "powersgd-r4"]
@@ -273,20 +276,22 @@ HOROVOD_VARIANTS = ["topk", "topk-layer", "gtopk", "gtopk-layer", "sketched", "p
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_uncompressed_setting_equals_dense_allreduce(horovod_ranks, variant):
-    assert all(r[f"{variant}_full_max_abs_diff"] <= 1e-5 for r in horovod_ranks)
+    for rank, r in enumerate(horovod_ranks):
+        assert_at_most(r[f"{variant}_full_max_abs_diff"], 1e-5, f"rank {rank}: max |ratio 1 - dense|")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_every_rank_applies_the_identical_update(horovod_ranks, variant):
-    assert len({r[f"{variant}_digest"] for r in horovod_ranks}) == 1
+    assert_ranks_agree([r[f"{variant}_digest"] for r in horovod_ranks], f"{variant}: the model after 4 steps")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", HOROVOD_VARIANTS)
 def test_horovod_counted_collectives_are_the_planned_ones(horovod_ranks, variant):
-    for r in horovod_ranks:
-        assert [tuple(c) for c in r[f"{variant}_collectives"]] == [tuple(c) for c in r[f"{variant}_planned"]]
+    for rank, r in enumerate(horovod_ranks):
+        assert_equal([tuple(c) for c in r[f"{variant}_collectives"]], [tuple(c) for c in r[f"{variant}_planned"]],
+                     f"rank {rank}: the collectives counted vs planned")
         assert r[f"{variant}_wire"] == pytest.approx(r[f"{variant}_planned_wire"])
 
 
@@ -308,4 +313,4 @@ def test_horovod_powersgd_runs_its_power_iteration_against_the_svd(horovod_ranks
             assert got["max_abs_from_mean"] <= 1e-4
         else:  # the tail is all a rank-3 matrix must leave (Eckart–Young)
             assert got["error_over_tail"] >= 1 - 1e-5
-    assert len({r[f"powersgd_{case}"]["digest"] for r in horovod_ranks}) == 1
+    assert_ranks_agree([r[f"powersgd_{case}"]["digest"] for r in horovod_ranks], f"{case}: the update")

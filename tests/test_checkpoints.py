@@ -12,11 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import horovodrun
+from differ import assert_equal, assert_ranks_agree
 
 pytestmark = pytest.mark.slow  # every test here launches processes
 
 SIZES = (2, 3)
 EXCHANGES = ("sketch", "allgather", "sparse")
+OWN = ("resume", "mistakes", "resume_local", "resume_mid_warmup", "class_form")  # all but other_world_size
 
 
 def pytest_generate_tests(metafunc):
@@ -27,11 +29,14 @@ def pytest_generate_tests(metafunc):
 def run_both_sizes(framework: str, tmp_path_factory, timeout: float) -> dict:
     two, three = tmp_path_factory.mktemp(f"{framework}2"), tmp_path_factory.mktemp(f"{framework}3")
     runs = {2: horovodrun("checkpoints.py", 2, "gloo", two, framework, timeout=timeout)}
-    runs[3] = horovodrun("checkpoints.py", 3, "gloo", three, framework, str(two / "checkpoint_sketch.pt"),
+    runs[3] = horovodrun("checkpoints.py", 3, "gloo", three, framework, "--other", str(two / "checkpoint_sketch.pt"),
                          timeout=timeout)
-    if framework == "torch":  # the 3-rank file into 2 ranks (a short job: that check alone)
+    if framework == "torch":  # the 3-rank file into 2 ranks (a short job: that scenario alone)
         runs["fewer"] = horovodrun("checkpoints.py", 2, "gloo", tmp_path_factory.mktemp(f"{framework}fewer"),
-                                   framework, str(three / "checkpoint_sketch.pt"), "only", timeout=timeout)
+                                   framework, "--other", str(three / "checkpoint_sketch.pt"), "other_world_size",
+                                   timeout=timeout)
+    assert_equal(runs[2][0]["scenarios"], list(OWN), "scenarios run at 2 ranks")
+    assert_equal(runs[3][0]["scenarios"], [*OWN[:4], "other_world_size", OWN[4]], "scenarios run at 3 ranks")
     return runs
 
 
@@ -52,20 +57,22 @@ def runs(request):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_rank0_file_resume_is_bitwise_the_uninterrupted_run(runs, exchange, size):
-    for r in (r[exchange] for r in runs[size]):
+    for rank, r in enumerate(r[exchange] for r in runs[size]):
         assert r["load_error"] is None
-        assert r["own_residuals_back"]  # each rank's residuals are the straight run's: its own, not rank 0's
+        # each rank's residuals are the straight run's: its own, not rank 0's
+        assert_equal(r["residuals_resumed"], r["residuals_straight"],
+                     f"rank {rank}: residuals (digest, sum |r|) resumed vs straight")
         # Gloo reduces in a fixed order, so the resumed run is bit for bit the straight one
-        assert r["resumed"] == r["straight"]
-    assert len({r[exchange]["straight"] for r in runs[size]}) == 1
+        assert_equal(r["resumed"], r["straight"], f"rank {rank}: the resumed model's digest vs the straight run's")
+    assert_ranks_agree([r[exchange]["straight"] for r in runs[size]], "the straight run's model")
     # the exchanges differ: each resume checks its own exchange's state
     assert len({r[e]["straight"] for e in EXCHANGES for r in runs[size][:1]}) == len(EXCHANGES)
 
 
 @pytest.mark.parametrize("size", SIZES)
 def test_one_file_per_rank_resume_is_bitwise_the_uninterrupted_run(runs, size):
-    for r in runs[size]:
-        assert r["local_resumed"] == r["sketch"]["straight"]
+    for rank, r in enumerate(runs[size]):
+        assert_equal(r["local_resumed"], r["sketch"]["straight"], f"rank {rank}: resumed from its own file vs straight")
         assert r["local_wrong_options_error"] == "GsSketch state was saved with different options: seed=0 saved, 1 now"
 
 
@@ -91,7 +98,8 @@ def test_rank0_residuals_on_every_rank_would_resume_wrong(runs, size):
 
 @pytest.mark.parametrize("size", SIZES)
 def test_state_dict_is_gathered_on_rank_0_only(runs, exchange, size):
-    assert [r[exchange]["state_dict_is_none"] for r in runs[size]] == [False] + [True] * (size - 1)
+    assert_equal([r[exchange]["state_dict_is_none"] for r in runs[size]], [False] + [True] * (size - 1),
+                 "state_dict() is None, by rank")
     assert runs[size][0]["class_gathered_ranks"] == runs[size][0]["instance_gathered_ranks"] == size
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import horovodrun, torchrun
+from differ import assert_equal, assert_ranks_agree
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
 from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose
@@ -255,8 +256,11 @@ FIRST_DECISION = WINDOW + 2  # step 0 has no compute before it; step 1 is a leve
 def adapter_ranks(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"density_{request.param}")
     if request.param == "horovod":
-        return horovodrun("density_ranks.py", 2, "gloo", out, "horovod")
-    return torchrun("density_ranks.py", 2, out, request.param)
+        ranks = horovodrun("density_ranks.py", 2, "gloo", out, "horovod")
+    else:
+        ranks = torchrun("density_ranks.py", 2, out, request.param)
+    assert_equal(ranks[0]["scenarios"], ["tight", "loose"], f"{request.param}: the budgets run")
+    return ranks
 
 
 @pytest.mark.slow
@@ -271,7 +275,7 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         assert loose["gather_bytes"] == 0 and loose["dense_bytes"] > 0
     for label in ("tight", "loose"):
         digests = [r[label]["digests"] for r in adapter_ranks]
-        assert all(d == digests[0] for d in digests[1:]), f"{label}: ranks' models differ"
+        assert_ranks_agree(digests, f"{label}: the model's digest after each step")
         assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"
 
 

@@ -11,12 +11,15 @@ import sys
 
 import pytest
 from conftest import ROOT, WORKERS, horovodrun, rank_env, torchrun, torchrun_command
+from differ import assert_equal, assert_ranks_agree
 
 from gs_horovod.checkpoint import DEFAULT_TIMEOUT
 
 TIMEOUT = 5.0  # tests/workers/idioms.py's checkpoint_timeout for the rank-0-only save
 JOBS = [("horovod", 2, "sparse"), ("horovod", 3, "sketch"), ("tf", 2, "sparse"), ("ddp", 2, "sketch"),
         ("ddp", 3, "sparse")]
+SCENARIOS = {"horovod": ["resume", "rollback", "wrong_options", "alone_save"], "tf": ["resume", "alone_save"],
+             "ddp": ["resume", "wrong_options", "alone_save"]}  # tests/workers/idioms.py's, all run
 
 
 @pytest.fixture(scope="module", params=JOBS, ids=[f"{launcher}-{size}-{exchange}" for launcher, size, exchange in JOBS])
@@ -24,22 +27,24 @@ def job(request, tmp_path_factory):
     launcher, size, exchange = request.param
     out = tmp_path_factory.mktemp(f"{launcher}{size}")
     if launcher in ("horovod", "tf"):
-        return launcher, horovodrun("idioms.py", size, "gloo", out, launcher, exchange, timeout=420)
-    return launcher, torchrun("idioms.py", size, out, "ddp", exchange, timeout=300)
+        ranks = horovodrun("idioms.py", size, "gloo", out, launcher, exchange, timeout=420)
+    else:
+        ranks = torchrun("idioms.py", size, out, "ddp", exchange, timeout=300)
+    assert_equal(ranks[0]["scenarios"], SCENARIOS[launcher], f"{launcher}: the scenarios run")
+    return launcher, ranks
 
 
 @pytest.mark.slow
 def test_rank0_alone_loads_and_the_run_resumes_bitwise(job):
     _, ranks = job
-    straight = {r["straight"] for r in ranks}
-    assert len(straight) == 1
-    for r in ranks:
-        assert r["rank0_load"] == r["straight"]
-        assert r["every_rank_load"] == r["straight"]
+    assert_ranks_agree([r["straight"] for r in ranks], "the uninterrupted run's model")
+    for rank, r in enumerate(ranks):
+        assert_equal(r["rank0_load"], r["straight"], f"rank {rank}: rank 0 alone loaded, vs uninterrupted")
+        assert_equal(r["every_rank_load"], r["straight"], f"rank {rank}: every rank loaded, vs uninterrupted")
         # the control: the same weights (and optimizer) loaded without the compressor's state
         # (residuals, steps) train elsewhere, so the comparisons above can fail
-        assert r["not_loaded"] != r["straight"]
-    assert len({r["not_loaded"] for r in ranks}) == 1  # (all ranks alike all the same)
+        assert r["not_loaded"] != r["straight"], f"rank {rank}: the control trained to the same model"
+    assert_ranks_agree([r["not_loaded"] for r in ranks], "the control's model")
 
 
 @pytest.mark.slow
@@ -47,8 +52,8 @@ def test_rank0_alone_rolls_back_mid_run_bitwise(job):
     launcher, ranks = job
     if launcher != "horovod":
         pytest.skip("the TF and DDP jobs resume into fresh objects only")
-    for r in ranks:
-        assert r["rank0_rollback"] == r["straight"]
+    for rank, r in enumerate(ranks):
+        assert_equal(r["rank0_rollback"], r["straight"], f"rank {rank}: rolled back by rank 0 alone, vs uninterrupted")
 
 
 @pytest.mark.slow

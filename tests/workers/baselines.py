@@ -1,4 +1,13 @@
-"""Runs under ``horovodrun``: every baseline exchange on real ranks, one JSON per rank."""
+"""Runs under ``horovodrun``: every baseline exchange on real ranks, one JSON per rank.
+
+    horovodrun -np P -H localhost:P --gloo python tests/workers/baselines.py OUT_DIR [NAME ...]
+
+NAME: a variant of :data:`VARIANTS` (``topk`` ... ``powersgd-r4``: its full-ratio run against
+Horovod's dense allreduce, then 4 compressed steps; results under ``<variant>_*``) or
+``powersgd_against_svd``; none: all of them. E.g. the layer-wise gTop-k alone:
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/baselines.py /tmp/out gtopk-layer
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,7 @@ import sys
 import horovod.torch as hvd
 import torch
 from rank_result import write_result
+from scenario import Scenarios
 from torch_scenarios import digest, digits_shard, distributed, flat, mlp, train
 
 from gs_bench.baselines import ReducerOptimizer
@@ -35,7 +45,52 @@ def run(variant: str, ratio: float, seed: int, steps: int, x, y, **extra) -> tup
     return model, exchange, comm
 
 
-def powersgd_against_svd(result: dict) -> None:
+SCENARIOS = Scenarios()
+
+
+class Data:
+    """This rank's digits shard and, made on first use, the dense run every variant's full-ratio
+    run is compared with (3 steps of Horovod's allreduce)."""
+
+    def __init__(self) -> None:
+        self.x, self.y = digits_shard()
+        self._dense: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            dense = mlp(0)
+            train(dense, distributed(dense, "dense.", hvd.Compression.none), self.x, self.y, steps=3)
+            self._dense = flat(dense)
+        return self._dense
+
+
+def variant_scenario(variant: str) -> None:
+    """Registers ``variant``'s scenario: ratio 1 against the dense run, then ratio 0.05."""
+
+    def scenario(result: dict, data: Data) -> None:
+        method, _ = VARIANTS[variant]
+        dense = data.dense()
+        full, _, _ = run(variant, 1.0, 0, 3, data.x, data.y, **({"rank": 64} if method == "powersgd" else {}))
+        result[f"{variant}_full_max_abs_diff"] = (flat(full) - dense).abs().max().item()
+        model, exchange, comm = run(variant, 0.05, 1, 4, data.x, data.y)
+        result[f"{variant}_digest"] = digest(model)
+        shapes = [tuple(p.shape) for _, p in sorted(model.named_parameters())]
+        planned = exchange.planned(shapes, hvd.size())
+        result[f"{variant}_collectives"] = comm.traffic.last_step
+        result[f"{variant}_planned"] = planned
+        result[f"{variant}_wire"] = comm.traffic.per_step()[1]
+        result[f"{variant}_planned_wire"] = total_wire_bytes(planned, hvd.size())
+
+    scenario.__name__ = variant
+    SCENARIOS(scenario)
+
+
+for _variant in VARIANTS:
+    variant_scenario(_variant)
+
+
+@SCENARIOS
+def powersgd_against_svd(result: dict, data: Data) -> None:
     """PowerSGD on one 64 × 48 matrix whose rank mean has a known SVD, each rank's error-fed
     matrix held at its own full-rank M_r every step (g = M_r − e): "exact" (mean of rank 2,
     PowerSGD rank 4, one step) and "truncation" (singular values 50, 40, 30 and a tail of 45
@@ -66,27 +121,14 @@ def powersgd_against_svd(result: dict) -> None:
             "collectives": comm.traffic.last_step, "digest": hashlib.sha256(update.numpy().tobytes()).hexdigest()}
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, *names: str) -> None:
+    SCENARIOS.selected(names)  # an unknown name ends the job before Horovod starts
     hvd.init()
     torch.set_num_threads(1)
-    x, y = digits_shard()
     result: dict = {"rank": hvd.rank(), "size": hvd.size()}
-    dense = mlp(0)
-    train(dense, distributed(dense, "dense.", hvd.Compression.none), x, y, steps=3)
-    for variant, (method, _) in VARIANTS.items():
-        full, _, _ = run(variant, 1.0, 0, 3, x, y, **({"rank": 64} if method == "powersgd" else {}))
-        result[f"{variant}_full_max_abs_diff"] = (flat(full) - flat(dense)).abs().max().item()
-        model, exchange, comm = run(variant, 0.05, 1, 4, x, y)
-        result[f"{variant}_digest"] = digest(model)
-        shapes = [tuple(p.shape) for _, p in sorted(model.named_parameters())]
-        planned = exchange.planned(shapes, hvd.size())
-        result[f"{variant}_collectives"] = comm.traffic.last_step
-        result[f"{variant}_planned"] = planned
-        result[f"{variant}_wire"] = comm.traffic.per_step()[1]
-        result[f"{variant}_planned_wire"] = total_wire_bytes(planned, hvd.size())
-    powersgd_against_svd(result)
+    result["scenarios"] = SCENARIOS.run(names, result, Data())
     write_result(out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

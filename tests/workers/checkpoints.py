@@ -1,32 +1,41 @@
 """Runs under ``horovodrun``: checkpoints of GsSketch on real ranks, the same scenarios for
 torch and TensorFlow; one JSON per rank.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py OUT_DIR {torch,tf} [OTHER_CKPT [only]]
+    horovodrun -np P -H localhost:P --gloo python tests/workers/checkpoints.py OUT_DIR FRAMEWORK [--other CKPT] [NAME]
 
-- the Horovod way, for each exchange (named; results under ``result[exchange]``): every rank
-  calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint_<exchange>.pt`` (a pickle); fresh
-  objects, rank 0 reads it, every rank calls ``load_state_dict`` (rank 0 with the state, the
-  others None; rank 0 alone: tests/workers/idioms.py);
-- one file per rank: ``local_state_dict()`` / ``load_local_state_dict()``, ``reset()``, and a
-  resume in the middle of the warm-up;
-- the class form ``compression=GsSketch`` against an instance, its bytes counted as handed to
+FRAMEWORK: ``torch`` or ``tf``. NAME: any number of scenarios, below in the order they run (none: all of them,
+``other_world_size`` only with ``--other``), e.g. the one-file-per-rank resume alone:
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/checkpoints.py /tmp/out torch resume_local
+
+- ``resume``: the Horovod way, for each exchange (named; results under ``result[exchange]``):
+  every rank calls ``state_dict()``, rank 0 writes ``OUT_DIR/checkpoint_<exchange>.pt`` (a
+  pickle); fresh objects, rank 0 reads it, every rank calls ``load_state_dict`` (rank 0 with
+  the state, the others None; rank 0 alone: tests/workers/idioms.py);
+- ``mistakes``: loads that must fail (or resume wrong) from ``OUT_DIR/checkpoint_sketch.pt``
+  (written first if ``resume`` did not run);
+- ``resume_local``, ``resume_mid_warmup``: one file per rank, ``local_state_dict()`` /
+  ``load_local_state_dict()``, ``reset()``, and a resume in the middle of the warm-up;
+- ``other_world_size``: ``--other CKPT``, a checkpoint written by a run with another number of
+  ranks: its GsSketch state must be refused on rank 0, at once;
+- ``class_form``: ``compression=GsSketch`` against an instance, its bytes counted as handed to
   Horovod (torch: tests/workers/handed_over.py).
-OTHER_CKPT: a checkpoint written by a run with another number of ranks (its GsSketch state
-must be refused on every rank); ``only``: that check alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
+import hashlib
 import os
 import pickle
-import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 from rank_result import write_result
+from scenario import Scenarios, each
 
 OPTIONS = dict(ratio=0.05, min_size=64, momentum=0.5)
 EXCHANGES = ("sketch", "allgather", "sparse")  # named: at 2-3 ranks "auto" would pick the allgather
@@ -185,15 +194,46 @@ def read(hvd: Any, path: str) -> dict | None:
         return pickle.load(f)
 
 
+def residuals(trainer: type, local: dict) -> dict[str, list]:
+    """Per tensor a digest of the residual's bytes and the sum of its |values| (compared across
+    runs: a failure shows which tensor differs, and by how much)."""
+    return {n: [hashlib.sha256(r.tobytes()).hexdigest()[:16], float(np.abs(r).sum())]
+            for n, r in sorted(trainer.residuals(local).items())}
+
+
 def summary(trainer: type, local: dict) -> dict:
     """Per tensor the sum of |residual|, and the sorted step counts."""
     return {**{n: float(np.abs(r).sum()) for n, r in trainer.residuals(local).items()},
             "steps": trainer.steps(local)}
 
 
-def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str, options: dict) -> dict | None:
-    """2N steps straight vs N steps, saved by rank 0 only, fresh objects, N more steps. Returns
-    the checkpoint (rank 0; None elsewhere)."""
+@dataclass
+class Job:
+    """What every scenario runs with: the framework's Horovod, GsSketch and trainer; where files go."""
+
+    hvd: Any
+    GsSketch: type
+    trainer: type
+    out_dir: str
+    other: str | None  # --other: a checkpoint of another number of ranks
+
+    def path(self, exchange: str) -> str:
+        return os.path.join(self.out_dir, f"checkpoint_{exchange}.pt")
+
+
+SCENARIOS = Scenarios(own=("resume", "mistakes", "resume_local", "resume_mid_warmup", "class_form"))
+
+
+@SCENARIOS
+@each(EXCHANGES)
+def resume(result: dict, exchange: str, job: Job) -> None:
+    """2N steps straight vs N steps, saved by rank 0 only to ``job.path(exchange)``, fresh
+    objects, N more steps."""
+    saved_and_resumed(result, job, {**OPTIONS, "exchange": exchange})
+
+
+def saved_and_resumed(result: dict, job: Job, options: dict) -> None:
+    hvd, GsSketch, trainer, path = job.hvd, job.GsSketch, job.trainer, job.path(options["exchange"])
     straight_gs = GsSketch(**options)
     straight = trainer(9, straight_gs)
     straight.train(range(2 * N))
@@ -216,14 +256,19 @@ def resume(result: dict, hvd: Any, GsSketch: type, trainer: type, path: str, opt
     result["load_error"] = load_gs(gs, ckpt)
     fresh.train(range(N, 2 * N))  # the first step restores every rank's residuals from rank 0
     result["resumed"] = fresh.digest()
-    own, resumed = trainer.residuals(straight_gs.local_state_dict()), trainer.residuals(gs.local_state_dict())
-    result["own_residuals_back"] = sorted(resumed) == sorted(own) and all(
-        np.array_equal(resumed[n], r) for n, r in own.items())
-    return ckpt
+    # each rank's own residuals are back (not rank 0's): the straight run's and the resumed one's
+    result["residuals_straight"] = residuals(trainer, straight_gs.local_state_dict())
+    result["residuals_resumed"] = residuals(trainer, gs.local_state_dict())
 
 
-def mistakes(result: dict, hvd: Any, GsSketch: type, trainer: type, ckpt: dict | None, options: dict) -> None:
-    """What goes wrong, from a checkpoint :func:`resume` saved with ``options``."""
+@SCENARIOS
+def mistakes(result: dict, job: Job) -> None:
+    """What goes wrong, from the checkpoint :func:`resume` saved under the sketch exchange
+    (saved first if it did not run)."""
+    hvd, GsSketch, trainer, options = job.hvd, job.GsSketch, job.trainer, SKETCH
+    if not hvd.broadcast_object(os.path.exists(job.path("sketch")), root_rank=0, name="ckpt_exists"):
+        saved_and_resumed({}, job, SKETCH)
+    ckpt = read(hvd, job.path("sketch"))
     # the old mistake, for contrast: rank 0's residuals loaded on every rank
     part0 = hvd.broadcast_object(ckpt["gs"]["ranks"][0] if ckpt is not None else None, root_rank=0, name="part0")
     weights = hvd.broadcast_object(None if ckpt is None else {k: v for k, v in ckpt.items() if k != "gs"},
@@ -245,9 +290,11 @@ def mistakes(result: dict, hvd: Any, GsSketch: type, trainer: type, ckpt: dict |
         result["local_gathered_error"] = str(e)
 
 
-def resume_local(result: dict, GsSketch: type, trainer: type) -> None:
+@SCENARIOS
+def resume_local(result: dict, job: Job) -> None:
     """One file per rank: N steps, ``local_state_dict()`` kept, new objects restored from it,
     N more steps against 2N straight ones; then ``reset()`` and one step."""
+    GsSketch, trainer = job.GsSketch, job.trainer
     gs = GsSketch(**SKETCH)
     first = trainer(9, gs)
     first.train(range(N))
@@ -268,9 +315,11 @@ def resume_local(result: dict, GsSketch: type, trainer: type) -> None:
         result["local_wrong_options_error"] = str(e)
 
 
-def resume_mid_warmup(result: dict, GsSketch: type, trainer: type) -> None:
+@SCENARIOS
+def resume_mid_warmup(result: dict, job: Job) -> None:
     """One file per rank, saved after N of N + 2 warm-up steps: the resumed run is bitwise the
     straight one (2 more dense steps, then compressed ones)."""
+    GsSketch, trainer = job.GsSketch, job.trainer
     options = {**SKETCH, "warmup_steps": N + 2}
     straight = trainer(9, GsSketch(**options))
     straight.train(range(2 * N + 2))
@@ -288,12 +337,18 @@ def resume_mid_warmup(result: dict, GsSketch: type, trainer: type) -> None:
     result["warmup_not_loaded"] = plain.digest()
 
 
-def other_world_size(result: dict, hvd: Any, GsSketch: type, path: str) -> None:
-    result["world_size_error"] = load_gs(GsSketch(**SKETCH), read(hvd, path))
+@SCENARIOS
+def other_world_size(result: dict, job: Job) -> None:
+    """Loads ``--other``, a checkpoint of another number of ranks."""
+    if job.other is None:
+        raise SystemExit("other_world_size needs --other CKPT (a checkpoint of another number of ranks)")
+    result["world_size_error"] = load_gs(job.GsSketch(**SKETCH), read(job.hvd, job.other))
 
 
-def class_form(result: dict, GsSketch: type, trainer: type) -> None:
+@SCENARIOS
+def class_form(result: dict, job: Job) -> None:
     """``compression=GsSketch`` (the class) against an instance with the same (default) options."""
+    GsSketch, trainer = job.GsSketch, job.trainer
     instance = GsSketch()
     for form, gs in (("class", GsSketch), ("instance", instance)):
         run = trainer(11, gs)
@@ -318,27 +373,23 @@ def class_form(result: dict, GsSketch: type, trainer: type) -> None:
         gs.reset()  # which this drops
 
 
-def main(out_dir: str, framework: str, other: str | None = None, only: str = "") -> None:
-    trainer = {"torch": TorchTrainer, "tf": TfTrainer}[framework]
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("framework", choices=("torch", "tf"))
+    parser.add_argument("--other", help="a checkpoint written by a run with another number of ranks")
+    parser.add_argument("names", nargs="*", metavar="NAME", help=SCENARIOS.known())
+    args = parser.parse_intermixed_args(argv)
+    trainer = {"torch": TorchTrainer, "tf": TfTrainer}[args.framework]
+    names = args.names or (["own"] if args.other is None else [])
+    SCENARIOS.selected(names)  # an unknown name ends the job before Horovod starts
+    os.makedirs(args.out_dir, exist_ok=True)  # run alone, the worker may be given a new folder
     hvd, GsSketch = trainer.start()
     result: dict = {"rank": hvd.rank(), "size": hvd.size()}
-    if only == "only":
-        other_world_size(result, hvd, GsSketch, other)
-        write_result(out_dir, hvd.rank(), result)
-        return
-    ckpts = {}
-    for exchange in EXCHANGES:
-        result[exchange] = {}
-        ckpts[exchange] = resume(result[exchange], hvd, GsSketch, trainer,
-                                 os.path.join(out_dir, f"checkpoint_{exchange}.pt"), {**OPTIONS, "exchange": exchange})
-    mistakes(result, hvd, GsSketch, trainer, ckpts["sketch"], SKETCH)
-    resume_local(result, GsSketch, trainer)
-    resume_mid_warmup(result, GsSketch, trainer)
-    if other:
-        other_world_size(result, hvd, GsSketch, other)
-    class_form(result, GsSketch, trainer)
-    write_result(out_dir, hvd.rank(), result)
+    job = Job(hvd, GsSketch, trainer, args.out_dir, args.other)
+    result["scenarios"] = SCENARIOS.run(names, result, job)
+    write_result(args.out_dir, hvd.rank(), result)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main()

@@ -2,11 +2,15 @@
 JSON per rank with, per step, the level the step ran at (``stats.density``) and a digest of
 the model after it.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR horovod
-    torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py OUT_DIR {ddp,fsdp}
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR horovod [NAME ...]
+    torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py OUT_DIR {ddp,fsdp} [NAME ...]
 
-Two budgets make the rule's choice independent of the machine's timings: ``budget=1e-9`` (no
-level fits: the sparsest after the first window) and ``budget=1e6`` (dense fits: stays dense).
+Two budgets, the scenarios (NAME: ``tight``, ``loose``; none: both; results under
+``result[NAME]``), make the rule's choice independent of the machine's timings: ``tight``,
+``budget=1e-9`` (no level fits: the sparsest after the first window) and ``loose``,
+``budget=1e6`` (dense fits: stays dense). E.g. the tight budget under DDP alone:
+
+    torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py /tmp/out ddp tight
 """
 
 import hashlib
@@ -15,6 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from rank_result import write_result
+from scenario import Scenarios
 
 STEPS = 12
 BUDGETS = {"tight": 1e-9, "loose": 1e6}
@@ -53,7 +58,8 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, s
             "dense_bytes": stats.dense_bytes, "changes": stats.density_changes}
 
 
-def horovod(out: dict) -> int:
+def horovod():
+    """Horovod's DistributedOptimizer with GsSketch: (this rank, a run for one budget)."""
     import horovod.torch as hvd
 
     from gs_horovod.torch import GsSketch
@@ -66,8 +72,7 @@ def horovod(out: dict) -> int:
             self.handed.append((str(payload.dtype), payload.numel()))
             return payload, ctx
 
-    hvd.init()
-    for label, budget in BUDGETS.items():
+    def run(budget: float) -> dict:
         model = mlp()
         gs = Payloads(min_size=64, budget=budget)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -87,44 +92,45 @@ def horovod(out: dict) -> int:
             with opt.skip_synchronize():
                 opt.step()
             handed.append(sorted(gs.handed))
-        out[label] = {"handed": handed, "errors": errors, "levels": [], "digests": []}
         model = mlp()
         gs = GsSketch(min_size=64, budget=budget)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), compression=gs)
-        out[label].update(train(model, opt, hvd.rank(), gs.stats, params))
-        out[label]["handed"], out[label]["errors"] = handed, errors
-    return hvd.rank()
+        return {**train(model, opt, hvd.rank(), gs.stats, params), "handed": handed, "errors": errors}
+
+    hvd.init()
+    return hvd.rank(), run
 
 
-def ddp(out: dict) -> int:
+def ddp():
+    """DDP with GsState's hook: (this rank, a run for one budget)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from gs_horovod.ddp import GsState, gs_hook
 
-    dist.init_process_group("gloo")
-    for label, budget in BUDGETS.items():
+    def run(budget: float) -> dict:
         model = DistributedDataParallel(mlp(), bucket_cap_mb=0.01)  # buckets of 2,500 floats: 3 buckets
         state = GsState(model=model, min_size=64, budget=budget)
         model.register_comm_hook(state, gs_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out[label] = train(model, opt, dist.get_rank(), state.stats, params)
+        out = train(model, opt, dist.get_rank(), state.stats, params)
         state.comm.traffic.end_step()  # the collectives of the whole run (DDP's GsState does not end steps)
-        out[label]["collectives"] = state.comm.traffic.last_step
-    return dist.get_rank()
+        return {**out, "collectives": state.comm.traffic.last_step}
+
+    dist.init_process_group("gloo")
+    return dist.get_rank(), run
 
 
-def fsdp(out: dict) -> int:
+def fsdp():
+    """FSDP2 (HSDP mesh, one shard per replicate) with GsFsdpState: (this rank, a run for one budget)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
 
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
-    for label, budget in BUDGETS.items():
+    def run(budget: float) -> dict:
         model = mlp()
         for layer in (model[0], model[2], model[4]):
             fully_shard(layer, mesh=mesh["shard"])
@@ -132,13 +138,36 @@ def fsdp(out: dict) -> int:
         state = GsFsdpState(mesh.get_group("replicate"), model=model, min_size=64, budget=budget)
         register_fsdp_hooks(model, state)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out[label] = train(model, opt, dist.get_rank(), state.stats,
-                           full_params)
-    return dist.get_rank()
+        return train(model, opt, dist.get_rank(), state.stats, full_params)
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
+    return dist.get_rank(), run
+
+
+SCENARIOS = Scenarios()
+
+
+@SCENARIOS
+def tight(result: dict, run) -> None:
+    result["tight"] = run(BUDGETS["tight"])
+
+
+@SCENARIOS
+def loose(result: dict, run) -> None:
+    result["loose"] = run(BUDGETS["loose"])
+
+
+def main(out_dir: str, adapter: str, *names: str) -> None:
+    adapters = {"horovod": horovod, "ddp": ddp, "fsdp": fsdp}
+    if adapter not in adapters:
+        raise SystemExit(f"unknown adapter {adapter!r}; {' '.join(adapters)}")
+    SCENARIOS.selected(names)  # an unknown name ends the job before the ranks meet
+    rank, run = adapters[adapter]()
+    result: dict = {"rank": rank}
+    result["scenarios"] = SCENARIOS.run(names, result, run)
+    write_result(out_dir, rank, result)
 
 
 if __name__ == "__main__":
-    out_dir, adapter = sys.argv[1], sys.argv[2]
-    result: dict = {}
-    rank = {"horovod": horovod, "ddp": ddp, "fsdp": fsdp}[adapter](result)
-    write_result(out_dir, rank, result)
+    main(*sys.argv[1:])

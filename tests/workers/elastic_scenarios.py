@@ -25,6 +25,8 @@ object a line, to ``OUT_DIR/events.<pid>.jsonl``:
 
 Under plain ``horovodrun -np 2`` (no elastic driver), ``OUT_DIR commit_alone``: rank 0 alone
 calls ``state.commit()`` (one JSON result a rank: what the commit and the next step raised).
+
+One scenario per launch: the elastic arguments above, or ``OUT_DIR commit_alone``.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def against_native(out: dict, label: str, mesh: DeviceMesh, rank: int, steps: in
     dtypes = measured(model, range(steps), rank, lambda m: {str(p.grad.dtype) for p in m.parameters()},
                       micro=micro, dtype=dtype)
     out[label] = {"max_abs_diff": (full(native) - full(model)).abs().max().item(), "steps": state.stats.steps,
-                  "grad_dtypes": sorted(set().union(*dtypes)), "finite": bool(torch.isfinite(full(model)).all())}
+                  "grad_dtypes": sorted(set().union(*dtypes)), "nonfinite": int((~torch.isfinite(full(model))).sum())}
 
 
 @SCENARIOS
@@ -208,7 +208,7 @@ def mixed_precision(out: dict, mesh: DeviceMesh, rank: int, out_dir: str, tag: s
     initial = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     state = gs(model, mesh, **OPTIONS)
     train(model, range(STEPS), rank)
-    out["bf16_gs"] = {"digest": digest(model), "finite": bool(torch.isfinite(full(model)).all()),
+    out["bf16_gs"] = {"digest": digest(model), "nonfinite": int((~torch.isfinite(full(model))).sum()),
                       "steps": state.stats.steps,  # and how many coordinates of each parameter moved
                       "moved": {n: int((p.full_tensor() != initial[n]).sum()) for n, p in model.named_parameters()}}
 

@@ -8,6 +8,8 @@ these counts, not with their own formulas.
   call goes through to Horovod unchanged and its input's bytes are added up under its name.
 - :class:`CountingCollectives` wraps one :class:`gs_horovod.transports.protocol.Collectives` (for
   ``transport="mpi"``, whose big collectives go through mpi4py, not Horovod) the same way.
+
+A helper the workers import, not a worker: it is never launched itself.
 """
 
 from __future__ import annotations

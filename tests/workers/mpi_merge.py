@@ -1,6 +1,8 @@
 """Runs under ``mpirun``: tree_allreduce against MPI.Allreduce, one JSON file per rank.
 
     mpirun -np 3 python tests/workers/mpi_merge.py OUT_DIR
+
+One scenario per launch: ``OUT_DIR``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """Runs under ``horovodrun``: rank 1 kills itself (SIGKILL) at step 5 of GsSketch training;
-the surviving ranks must exit, not hang. Prints nothing of interest: the test times it."""
+the surviving ranks must exit, not hang. Prints nothing of interest: the test times it.
+
+One scenario per launch, no arguments:
+
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/rank_death.py
+"""
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ the compressor's state. The process group is made with
 :func:`gs_horovod.torchrun.init_process_group` (a restart reads no stale address). Each rank of
 the attempt that finishes writes its result: the model's digest, the attempt, the step it
 resumed from.
+
+One scenario per launch: ``OUT_DIR {ddp,fsdp} KILL_AT STEPS [without_gs_state]`` (no scenario
+names: a launch is one kill-and-restart story).
 """
 
 from __future__ import annotations

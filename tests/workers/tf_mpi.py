@@ -3,6 +3,8 @@ mpi4py inside the graph) for each exchange (results under ``result[exchange]``),
 per rank.
 
     horovodrun -np 2 -H localhost:2 --mpi python tests/workers/tf_mpi.py OUT_DIR
+
+One scenario per launch: ``OUT_DIR`` (the same step, once per exchange).
 """
 
 from __future__ import annotations
