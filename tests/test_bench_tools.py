@@ -30,7 +30,7 @@ from gs_horovod.transports.collective_cost import KINDS  # noqa: E402
 
 RUN_KEYS = {"kind", "label", "repeat", "method", "options", "variant", "ratio", "ranks", "cpu_count", "batch",
             "seq", "hidden", "params", "warmup", "steps", "seconds", "steps_per_s", "bytes_per_step",
-            "wire_bytes_per_step", "collectives", "run_id", "code"}
+            "wire_bytes_per_step", "wire", "collectives", "run_id", "code"}
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 
 
@@ -95,7 +95,7 @@ def test_bench_throughput_smoke(tmp_path: Path) -> None:
         assert set(r) == RUN_KEYS
         assert (r["kind"], r["method"], r["options"], r["variant"]) == ("run", "gtopk", {"scope": "layer"},
                                                                          "gtopk:scope=layer")
-        assert (r["ranks"], r["repeat"], r["steps"], r["ratio"]) == (2, 2, 2, 0.01)
+        assert (r["ranks"], r["repeat"], r["steps"], r["ratio"], r["wire"]) == (2, 2, 2, 0.01, "fp32")
         assert r["steps_per_s"] > 0 and r["seconds"] > 0
         assert all(kind in KINDS for kind, _ in r["collectives"])
         assert [tuple(c) for c in r["collectives"]] == planned
