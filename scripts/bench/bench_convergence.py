@@ -473,24 +473,29 @@ def main(argv: list[str] | None = None) -> None:
     print_gs_vs_best(runs, metric, args)
 
 
+def gs_vs_best_lines(runs: dict, metric: str, ratio: float | str, ranks: int) -> list[str]:
+    """Every peer at gs's whole cumulative budget at ``ratio``, the best one with a point within
+    it and the ``gs_vs_best`` line (:func:`gs_vs_best`); where no peer has such a point, the
+    peers and ``gs_vs_best P=<P> none``."""
+    _, sent = gs_budget(runs[f"gs @ {ratio_text(ratio)}"], metric)
+    lines = [f"every peer at gs's {sent:.3g} wire MB (k = D·{ratio_text(ratio)}):"]
+    try:
+        x, y, peer, peers = gs_vs_best(runs, metric, ratio)
+    except ValueError:  # every peer's first evaluation sent more than gs's whole budget
+        lines += [f"  {key}: {got.text()}" for key, got in peers_at_budget(runs, metric, ratio).items()]
+        return lines + [f"gs_vs_best P={ranks} none: no peer within gs's wire bytes"]
+    lines += [f"  {key}: {got.text()}" for key, got in peers.items()]
+    return lines + [f"best peer with a point within gs's wire bytes: {peer}",
+                    f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"]
+
+
 def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
-    """Under --simulated-ranks, the ``gs_vs_best`` line for each ratio gs ran at."""
+    """Under --simulated-ranks, :func:`gs_vs_best_lines` for each ratio gs ran at."""
     if not args.simulated_ranks:
         return
     for ratio in args.ratios:
         if f"gs @ {ratio_text(ratio)}" in runs:
-            _, sent = gs_budget(runs[f"gs @ {ratio_text(ratio)}"], metric)
-            try:
-                x, y, peer, peers = gs_vs_best(runs, metric, ratio_text(ratio))
-            except ValueError as e:  # every peer's first evaluation sent more than gs's whole budget
-                print(f"\n{e}\ngs_vs_best P={args.simulated_ranks} none: no peer within gs's wire bytes")
-                continue
-            print(f"\nevery peer at gs's {sent:.3g} wire MB (k = D·{ratio_text(ratio)}):")
-            for key, got in peers.items():
-                print(f"  {key}: {got.text()}")
-            print(f"best peer with a point within gs's wire bytes: {peer}")
-            print(f"gs_vs_best P={args.simulated_ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}")
-
+            print("\n" + "\n".join(gs_vs_best_lines(runs, metric, ratio, args.simulated_ranks)))
 
 if __name__ == "__main__":
     main()

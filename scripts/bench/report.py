@@ -125,21 +125,9 @@ def equal_bytes_table(docs: Path, name: str, ratios: tuple[float | str, ...],
 
 def gs_vs_best_line(docs: Path, name: str, ranks: int, ratio: float = 0.001) -> str:
     """The peers at gs's budget and the ``gs_vs_best`` line, as ``bench_convergence.py
-    --simulated-ranks P --plot-only`` prints them."""
+    --simulated-ranks P --plot-only`` prints them (:func:`bench_convergence.gs_vs_best_lines`)."""
     runs = load(docs, name)
-    metric = metric_of(runs)
-    _, sent = conv.gs_budget(runs[f"gs @ {ratio:g}"], metric)
-    lines = [f"every peer at gs's {sent:.3g} wire MB (k = D·{ratio:g}):"]
-    try:
-        x, y, peer, peers = conv.gs_vs_best(runs, metric, ratio)
-    except ValueError:  # every peer's first evaluation sent more than gs's whole budget
-        lines += [f"  {key}: {got.text()}" for key, got in conv.peers_at_budget(runs, metric, ratio).items()]
-        lines += [f"gs_vs_best P={ranks} none: no peer within gs's wire bytes"]
-        return "\n".join("    " + line for line in lines)
-    lines += [f"  {key}: {got.text()}" for key, got in peers.items()]
-    lines += [f"best peer with a point within gs's wire bytes: {peer}",
-              f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"]
-    return "\n".join("    " + line for line in lines)
+    return "\n".join("    " + line for line in conv.gs_vs_best_lines(runs, metric_of(runs), ratio, ranks))
 
 
 for _name, _file in {"cnn": "convergence_cnn.json", "lm": "convergence_lm.json",
@@ -436,11 +424,7 @@ def gs_vs_best_figure(docs: Path, name: str) -> str:
     """``gs_vs_best.FILE``: the ``gs_vs_best`` line of a simulated-ranks record at k = D/1000."""
     runs = load(docs, f"convergence_{name.split('.', 1)[1]}.json")
     ranks = next(iter(runs["gs @ 0.001"].values()))["ranks"]
-    try:
-        x, y, _, _ = conv.gs_vs_best(runs, metric_of(runs), 0.001)
-    except ValueError:  # every peer's first evaluation sent more than gs's whole budget
-        return f"gs_vs_best P={ranks} none: no peer within gs's wire bytes"
-    return f"gs_vs_best P={ranks} metric_ratio {x:.3f} wire_bytes_ratio {y:.3f}"
+    return conv.gs_vs_best_lines(runs, metric_of(runs), 0.001, ranks)[-1]
 
 
 def sparse_vs_gtopk(docs: Path, name: str) -> str:
