@@ -46,8 +46,13 @@ pip_quiet install -q --upgrade pip setuptools wheel
 log "pip install ${PY_PACKAGES[*]}"
 pip_quiet install -q "${PY_PACKAGES[@]}"
 
+# What the build below edits in Horovod's sources; a venv whose Horovod was built with other
+# edits (or none) is rebuilt.
+HOROVOD_EDITS="c++17 no-xla torch-enqueue-releases-gil"
+HOROVOD_EDITS_FILE="$VENV/.gs_horovod_edits"
 if ! "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null \
-   || ! "$PY" -c "import horovod.torch, horovod.tensorflow" 2>/dev/null; then
+   || ! "$PY" -c "import horovod.torch, horovod.tensorflow" 2>/dev/null \
+   || [[ "$(cat "$HOROVOD_EDITS_FILE" 2>/dev/null)" != "$HOROVOD_EDITS" ]]; then
   log "building Horovod $HOROVOD_VERSION (about 4-6 minutes on 2 cores)"
   build="$(mktemp -d)"
   trap 'rm -rf "$build"' EXIT
@@ -56,9 +61,19 @@ if ! "$PY" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VE
   src="$build/horovod-$HOROVOD_VERSION"
   sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
   sed -i '/xla_mpi_ops\.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
+  # torch's enqueue calls (allreduce, allgather, broadcast, alltoall, reducescatter, join,
+  # barrier) drop the GIL while they run. Unedited, they hold it while waiting for the process-set
+  # table's mutex, which the background thread holds while a failed peer's pending tensors are
+  # freed, and freeing a tensor takes the GIL: an elastic job whose worker dies mid-step can
+  # deadlock its survivors (docs/reliability.md).
+  perl -0pi -e 's/(m\.def\(\s*"horovod_torch_\w*(?:async|join|barrier)\w*",\s*&Do\w+)\)/$1, py::call_guard<py::gil_scoped_release>())/g' \
+    "$src/horovod/torch/mpi_ops_v2.cc"
+  grep -q 'call_guard<py::gil_scoped_release>' "$src/horovod/torch/mpi_ops_v2.cc" \
+    || { log "the GIL edit of horovod/torch/mpi_ops_v2.cc matched nothing"; exit 1; }
   (cd "$src" && HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
      HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
      pip_quiet install -q --no-build-isolation --no-deps .)
+  echo "$HOROVOD_EDITS" > "$HOROVOD_EDITS_FILE"
 fi
 
 # the benchmark harness (gs_bench/, beside gs_horovod/) is not part of the package pip

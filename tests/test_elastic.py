@@ -22,7 +22,11 @@ from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers,
 pytestmark = pytest.mark.slow  # every test here launches processes
 
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
-ACCURACY_BAND = 0.02  # how much lower the faulted demo's held-out accuracy may end (docs/reliability.md)
+# How much lower the faulted demo's held-out accuracy may end than the uninterrupted run's: where
+# the kill and the add land is timing, and repeats of the faulted run spread over 0.944-0.962
+# against 0.958 uninterrupted (docs/elastic_repeats.jsonl, docs/reliability.md "Elastic demo,
+# repeated"); CI once saw 0.937. Twice the widest drop seen.
+ACCURACY_BAND = 0.04
 
 
 def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int,

@@ -29,6 +29,7 @@ import difflib
 import io
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Iterable
@@ -39,7 +40,7 @@ sys.path.insert(0, str(HERE))
 import bench_convergence as conv  # noqa: E402
 import bench_time_to_accuracy as tta  # noqa: E402
 
-from gs_bench.runs import one_wire  # noqa: E402
+from gs_bench.runs import one_wire, read_jsonl  # noqa: E402
 
 ROOT = HERE.parents[1]
 FILES = ("docs/benchmarks.md", "docs/design.md", "docs/tensorflow.md", "docs/merge_benchmark.md",
@@ -829,6 +830,27 @@ def elastic_demo(docs: Path) -> str:
                      f"{faulted['steps']} / {straight['steps']} | {faulted['resets']} | {faulted['ranks_at_end']} | "
                      f"{faulted['lost_residual']:.3g} |")
     return "\n".join(lines + ["", f"(`{d['command']}`, code {d['code']})"])
+
+
+@block("elastic.repeats")
+def elastic_repeats(docs: Path) -> str:
+    """``elastic_repeats.py``'s runs from ``docs/elastic_repeats.jsonl``: per study (one Horovod
+    build), the faulted runs that finished and that hung, their accuracy's range, the
+    uninterrupted run's."""
+    rows, _ = read_jsonl([docs / "elastic_repeats.jsonl"])
+    lines = ["| Horovod's build edits (setup_env.sh) | epochs | faulted runs | finished | timed out (hung) "
+             "| accuracy when finished: min, median, max | uninterrupted | code |", "|---|---|---|---|---|---|---|---|"]
+    for run_id in dict.fromkeys(r["run_id"] for r in rows):
+        study = [r for r in rows if r["run_id"] == run_id]
+        faulted = [r for r in study if r["kill_at"]]
+        done = sorted(r["accuracy"] for r in faulted if r["outcome"] == "finished")
+        straight = [r for r in study if not r["kill_at"] and r["outcome"] == "finished"]
+        spread = f"{done[0]:.4f}, {statistics.median(done):.4f}, {done[-1]:.4f}" if done else "–"
+        alone = f"{straight[0]['accuracy']:.4f}" if straight else "–"
+        hung = sum(r["outcome"] == "timed out" for r in faulted)
+        lines.append(f"| {study[0]['horovod_edits']} | {study[0]['epochs']} | {len(faulted)} | {len(done)} | {hung} "
+                     f"| {spread} | {alone} | {study[0]['code']} |")
+    return "\n".join(lines)
 
 
 @block("exit_codes")
