@@ -378,6 +378,30 @@ def top_abs_cases() -> list[np.ndarray]:
     return [mixed, narrow, np.full(5000, -3.0, np.float32), heavy_tailed(300_000, 8)]
 
 
+def test_top_abs_from_a_sampled_threshold_equals_the_reference_or_falls_back():
+    """From 2^18 elements numba's top_abs first picks a threshold from a strided sample and
+    scans once: on a heavy-tailed vector (NaN and Inf in it) that path answers, exactly; on a
+    vector whose sampled positions are all small (the sample sets the threshold too low: too
+    many pass) it gives up and the radix select answers, exactly; where they are all large
+    (the threshold too high) the answer is exact whichever path gives it."""
+    from gs_horovod.kernels import numba_cpu
+
+    n = 1 << 21
+    heavy = heavy_tailed(n, 3)
+    heavy[[10, 20_000, 1_500_000]] = [np.nan, np.inf, -np.inf]
+    stride = max(1, n // numba_cpu._SAMPLE) | 1
+    low, high = np.full(n, 5.0, np.float32), np.full(n, 1e-3, np.float32)
+    low[::stride], high[::stride] = 1e-3, 5.0
+    for x, answers in ((heavy, True), (low, False), (high, None)):
+        for count in (1, 1000, n // 64):
+            want = reference_top(abs_key(x), count)
+            sampled = numba_cpu._top_by_sample(x.view(np.uint32), count)
+            assert answers is None or (sampled is not None) == answers, (count, answers)
+            if sampled is not None:
+                assert np.array_equal(sampled, want), count
+            assert np.array_equal(numba_cpu.top_abs(x, count), want), count
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_top_abs_equals_the_reference(backend):
     for x in top_abs_cases():

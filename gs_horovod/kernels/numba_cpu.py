@@ -10,7 +10,8 @@ Arrays are NumPy (torch CPU tensors are passed as zero-copy ``.numpy()`` views);
 - ``heavy_hitters``: contiguous ranges of coordinates per worker, each with its own candidate
   buffer; the answer is the exact top set under (|estimate| desc, index asc), so no schedule
   changes it.
-- ``top_abs``: radix select on the float bits, then one collect pass; exact under the same order.
+- ``top_abs``: radix select on the float bits (or a sampled threshold), then one collect pass;
+  exact under the same order.
 
 Unless ``NUMBA_THREADING_LAYER`` is set, importing this module selects Numba's ``workqueue``
 threading layer, not OpenMP (docs/design.md, "Threads"). How many threads the kernels use:
@@ -45,6 +46,8 @@ _THRESHOLD_SAMPLE = 1 << 16  # cells of |table| (strided) the first threshold is
 _SERIAL_BELOW = 1 << 18  # elements below which a serial pass beats starting the thread pool
 _BLOCK = 2048  # coordinates per first-stage block of the pruned scan
 _LEVELS = ((20, 11), (8, 12), (0, 8))  # (shift, bits) of the radix-select digits of a 31-bit key
+_SAMPLED_FROM = 1 << 18  # top_abs on at least this many elements first tries a sampled threshold
+_SAMPLE = 1 << 15  # keys of |x| (strided) that sampled threshold is picked from
 
 
 @njit(inline="always", cache=True)
@@ -337,6 +340,75 @@ def _merge(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
+@njit(inline="always", cache=True)
+def _at_least_task(bits: np.ndarray, wk: int, workers: int, key: np.int64, out: np.ndarray,
+                   found: np.ndarray) -> None:
+    n, cap, f = bits.shape[0], out.shape[1], 0
+    for i in range(wk * n // workers, (wk + 1) * n // workers):
+        if _abs_key(bits[i]) >= key:
+            if f == cap:  # more than the buffer holds: the caller gives up on the sample
+                f += 1
+                break
+            out[wk, f] = i
+            f += 1
+    found[wk] = f
+
+
+@njit(parallel=True, cache=True)
+def _at_least(bits: np.ndarray, workers: int, key: np.int64, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker (a contiguous range each), the ascending indices whose key is at least ``key``
+    and how many there are; a count of cap + 1 means more than ``cap`` (the scan stopped)."""
+    out = np.empty((workers, cap), np.int64)
+    found = np.zeros(workers, np.int64)
+    for wk in prange(workers):
+        _at_least_task(bits, wk, workers, key, out, found)
+    return out, found
+
+
+@njit(cache=True)
+def _at_least_serial(bits: np.ndarray, workers: int, key: np.int64, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    out = np.empty((workers, cap), np.int64)
+    found = np.zeros(workers, np.int64)
+    for wk in range(workers):
+        _at_least_task(bits, wk, workers, key, out, found)
+    return out, found
+
+
+@njit(cache=True)
+def _sample_keys(bits: np.ndarray, stride: int) -> np.ndarray:
+    keys = np.empty((bits.shape[0] + stride - 1) // stride, np.int64)
+    for j in range(keys.shape[0]):
+        keys[j] = _abs_key(bits[j * stride])
+    return keys
+
+
+def _top_by_sample(bits: np.ndarray, count: int) -> np.ndarray | None:
+    """top_abs with one pass instead of the radix select's two, or None where the sample misled.
+
+    A strided sample of the keys gives a threshold T expected to leave about 3·count keys at or
+    above it (plus 16 of the sample's order statistics, for its noise); one pass collects every
+    index whose key is at least T. If there are at least ``count`` of them, the exact top lies
+    among them (its smallest key is at least T), and the radix select over those few finds it,
+    ties to the smaller index as everywhere. Fewer than ``count``, or more than the buffers
+    hold: None, and the caller runs the radix select over everything."""
+    n = bits.shape[0]
+    stride = max(1, n // _SAMPLE) | 1
+    sample = _sample_keys(bits, stride)
+    m = sample.shape[0]
+    rank = int(np.ceil(3 * count * m / n)) + 16
+    if rank >= m // 4:
+        return None
+    key = np.partition(sample, m - rank)[m - rank]
+    expected = rank * n // m
+    workers = max(1, min(numba.get_num_threads(), n // 4096))
+    collect = _at_least_serial if workers == 1 else _at_least
+    out, found = collect(bits, workers, key, 4 * expected + 1024)
+    if found.sum() < count or found.max() > out.shape[1]:
+        return None
+    idx = np.concatenate([out[wk, :found[wk]] for wk in range(workers)])
+    return idx[_top_keys(bits[idx], count, 0, 31, 0)]
+
+
 def _exclusive_cumsum(x: np.ndarray) -> np.ndarray:
     return np.concatenate(([0], np.cumsum(x)[:-1])).astype(np.int64)
 
@@ -349,12 +421,19 @@ def top_abs(x: np.ndarray, count: int) -> np.ndarray:
     threshold bucket (a lower digit only if that bucket holds more than max(count, 2^16)
     candidates), then one parallel pass collects the indices above it and the bucket's
     candidates, whose exact cut is found among them the same way. O(n) time, O(count) extra
-    memory (beyond the candidates of one bucket).
+    memory (beyond the candidates of one bucket). From 2^18 elements and count ≤ n/64 a
+    threshold from a strided sample first saves the histogram's pass (:func:`_top_by_sample`);
+    the result is the same either way.
     """
     n = x.shape[0]
     if not 1 <= count <= n:
         raise ValueError(f"count must be in [1, n={n}], got {count}")
-    return _top_keys(x.view(np.uint32), count, 0, 31, 0)
+    bits = x.view(np.uint32)
+    if n >= _SAMPLED_FROM and 64 * count <= n:
+        picked = _top_by_sample(bits, count)
+        if picked is not None:
+            return picked
+    return _top_keys(bits, count, 0, 31, 0)
 
 
 def _top_keys(bits: np.ndarray, count: int, level: int, pshift: int, prefix: int) -> np.ndarray:

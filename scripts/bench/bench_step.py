@@ -26,8 +26,9 @@ cores the ratios are not results.
 Models: one parameter of 5,000,000 elements; the MNIST-5k CNN (8 tensors, 824,458 elements);
 the LSTM LM at hidden 512 (7 tensors, 1.77M). Prints a table per thread setting; ``--out``
 writes every repeat's medians and the thread counts (``scripts/bench/report.py`` tabulates them).
-Runs against any gs_horovod that has ``GsSketch`` (put another checkout first on PYTHONPATH to
-time an older adapter).
+Runs against any gs_horovod that has ``GsSketch``. To time an older adapter, check it out in
+this tree and run it there: the venv's editable install of the checkout is found before
+PYTHONPATH, so another checkout put first on PYTHONPATH is not what runs.
 """
 
 from __future__ import annotations
