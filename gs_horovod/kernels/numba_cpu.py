@@ -355,23 +355,18 @@ def _at_least_task(bits: np.ndarray, wk: int, workers: int, key: np.int64, out: 
 
 
 @njit(parallel=True, cache=True)
-def _at_least(bits: np.ndarray, workers: int, key: np.int64, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per worker (a contiguous range each), the ascending indices whose key is at least ``key``
-    and how many there are; a count of cap + 1 means more than ``cap`` (the scan stopped)."""
-    out = np.empty((workers, cap), np.int64)
-    found = np.zeros(workers, np.int64)
-    for wk in prange(workers):
-        _at_least_task(bits, wk, workers, key, out, found)
-    return out, found
+def _at_least(bits: np.ndarray, key: np.int64, out: np.ndarray, found: np.ndarray) -> None:
+    """Per worker wk (row wk of ``out`` (workers, cap) int64, a contiguous range of ``bits``
+    each), the ascending indices whose key is at least ``key``, and in ``found[wk]`` how many;
+    cap + 1 means more than ``cap`` (the scan stopped there)."""
+    for wk in prange(out.shape[0]):
+        _at_least_task(bits, wk, out.shape[0], key, out, found)
 
 
 @njit(cache=True)
-def _at_least_serial(bits: np.ndarray, workers: int, key: np.int64, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    out = np.empty((workers, cap), np.int64)
-    found = np.zeros(workers, np.int64)
-    for wk in range(workers):
-        _at_least_task(bits, wk, workers, key, out, found)
-    return out, found
+def _at_least_serial(bits: np.ndarray, key: np.int64, out: np.ndarray, found: np.ndarray) -> None:
+    for wk in range(out.shape[0]):
+        _at_least_task(bits, wk, out.shape[0], key, out, found)
 
 
 @njit(cache=True)
@@ -401,8 +396,8 @@ def _top_by_sample(bits: np.ndarray, count: int) -> np.ndarray | None:
     key = np.partition(sample, m - rank)[m - rank]
     expected = rank * n // m
     workers = max(1, min(numba.get_num_threads(), n // 4096))
-    collect = _at_least_serial if workers == 1 else _at_least
-    out, found = collect(bits, workers, key, 4 * expected + 1024)
+    out, found = np.empty((workers, 4 * expected + 1024), np.int64), np.zeros(workers, np.int64)
+    (_at_least_serial if workers == 1 else _at_least)(bits, key, out, found)
     if found.sum() < count or found.max() > out.shape[1]:
         return None
     idx = np.concatenate([out[wk, :found[wk]] for wk in range(workers)])
