@@ -50,6 +50,12 @@ _SAMPLED_FROM = 1 << 18  # top_abs on at least this many elements first tries a 
 _SAMPLE = 1 << 15  # keys of |x| (strided) that sampled threshold is picked from
 
 
+def _workers(n: int) -> int:
+    """Contiguous ranges a pass over ``n`` coordinates is split into: one per thread, each of at
+    least 4096 coordinates."""
+    return max(1, min(numba.get_num_threads(), n // 4096))
+
+
 @njit(inline="always", cache=True)
 def _scatter_task(table: np.ndarray, idx: np.ndarray, vals: np.ndarray, key: np.uint64, offset: int, dense: bool,
                   j: int, lo: int, hi: int) -> None:
@@ -250,7 +256,7 @@ def heavy_hitters(table: np.ndarray, keys: np.ndarray, length: int, count: int,
     rows, cols = table.shape
     cells = np.abs(table).ravel()
     cells = np.sort(cells[::max(1, cells.size // _THRESHOLD_SAMPLE)])[::-1]
-    workers = max(1, min(numba.get_num_threads(), length // 4096))
+    workers = _workers(length)
     cap = count + max(count // 2, 1024)
     slack, thr = 2.0, np.inf
     while True:
@@ -395,7 +401,7 @@ def _top_by_sample(bits: np.ndarray, count: int) -> np.ndarray | None:
         return None
     key = np.partition(sample, m - rank)[m - rank]
     expected = rank * n // m
-    workers = max(1, min(numba.get_num_threads(), n // 4096))
+    workers = _workers(n)
     out, found = np.empty((workers, 4 * expected + 1024), np.int64), np.zeros(workers, np.int64)
     (_at_least_serial if workers == 1 else _at_least)(bits, key, out, found)
     if found.sum() < count or found.max() > out.shape[1]:
@@ -433,7 +439,7 @@ def top_abs(x: np.ndarray, count: int) -> np.ndarray:
 
 def _top_keys(bits: np.ndarray, count: int, level: int, pshift: int, prefix: int) -> np.ndarray:
     """top_abs on float bits whose keys all satisfy key >> pshift == prefix, from digit ``level``."""
-    workers = max(1, min(numba.get_num_threads(), bits.shape[0] // 4096))
+    workers = _workers(bits.shape[0])
     serial = workers == 1 or bits.shape[0] < _SERIAL_BELOW
     histogram, collect = (_histogram_serial, _collect_serial) if serial else (_histogram, _collect)
     need = count

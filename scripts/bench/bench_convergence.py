@@ -497,5 +497,6 @@ def print_gs_vs_best(runs: dict, metric: str, args: argparse.Namespace) -> None:
         if f"gs @ {ratio_text(ratio)}" in runs:
             print("\n" + "\n".join(gs_vs_best_lines(runs, metric, ratio, args.simulated_ranks)))
 
+
 if __name__ == "__main__":
     main()

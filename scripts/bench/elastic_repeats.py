@@ -41,20 +41,11 @@ def demo(kill_at: int, add_at: int, epochs: int, seed: int, limit: float) -> dic
     with tempfile.TemporaryDirectory() as tmp:
         summary = Path(tmp) / "summary.json"
         env = dict(os.environ, KILL_AT=str(kill_at), ADD_AT=str(add_at), SUMMARY=str(summary))
-        cmd = [
-            "bash",
-            str(ROOT / "scripts/examples/elastic_demo.sh"),
-            "--epochs",
-            str(epochs),
-            "--ratio",
-            "0.01",
-            "--seed",
-            str(seed),
-        ]
+        cmd = ["bash", str(ROOT / "scripts/examples/elastic_demo.sh"), "--epochs", str(epochs), "--ratio", "0.01",
+               "--seed", str(seed)]
         start = time.monotonic()
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         try:
             proc.wait(timeout=limit)
             outcome = "finished" if proc.returncode == 0 and summary.exists() else f"exit {proc.returncode}"
@@ -64,11 +55,8 @@ def demo(kill_at: int, add_at: int, epochs: int, seed: int, limit: float) -> dic
             subprocess.run(["pkill", "-9", "-s", str(proc.pid)], check=False)  # the demo's whole session
             subprocess.run(["pkill", "-9", "-f", "scripts/examples/train_elastic.py"], check=False)
             proc.wait()
-        return {
-            **(json.loads(summary.read_text()) if outcome == "finished" else {}),
-            "outcome": outcome,
-            "wall_seconds": round(time.monotonic() - start, 1),
-        }
+        return {**(json.loads(summary.read_text()) if outcome == "finished" else {}),
+                "outcome": outcome, "wall_seconds": round(time.monotonic() - start, 1)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,19 +78,11 @@ def main() -> None:
     fields = {**stamp(), "horovod_edits": horovod_edits(), "epochs": args.epochs, "seed": args.seed, "ratio": 0.01}
     for i in range(args.runs + 1):
         kill_at = args.kill_at if i < args.runs else 0
-        row = {
-            **fields,
-            "run": i,
-            "kill_at": kill_at,
-            "add_at": args.add_at if kill_at else 0,
-            **demo(kill_at, args.add_at, args.epochs, args.seed, args.limit),
-        }
+        row = {**fields, "run": i, "kill_at": kill_at, "add_at": args.add_at if kill_at else 0,
+               **demo(kill_at, args.add_at, args.epochs, args.seed, args.limit)}
         append_line(args.out, row)
-        print(
-            json.dumps({k: row.get(k) for k in ("run", "kill_at", "outcome", "wall_seconds", "accuracy", "steps")}),
-            file=sys.stderr,
-            flush=True,
-        )
+        print(json.dumps({k: row.get(k) for k in ("run", "kill_at", "outcome", "wall_seconds", "accuracy", "steps")}),
+              file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
