@@ -87,6 +87,9 @@ class ArrayOps(Protocol):
     def not_finite(self, x: Array) -> Array:
         """A 0-d f32: 1 if x has a NaN or infinite element, else 0."""
 
+    def sum_squares(self, x: Array) -> Array:
+        """A 0-d f32: Σ x², on x's device."""
+
     def logical_and(self, a: Any, b: Any) -> Any:
         """Predicate: both predicates a and b."""
 

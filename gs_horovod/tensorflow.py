@@ -55,6 +55,10 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
         super().__init__(transport, comm, **options)
+        if self.config.measured_options:
+            raise ValueError(f"{', '.join(self.config.measured_options)}: TensorFlow traces the step once, so "
+                             "ratio='auto' is a fixed 0.01 here and nothing measures the step to steer; "
+                             "these options are for the torch adapters (docs/tensorflow.md)")
         self.states: dict[str, VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, StepState] = {}  # by a digest of the optimizer's variable paths
         # plain objects below: tf.Module would wrap (copy) a list or dict, and they are not state to checkpoint

@@ -14,7 +14,7 @@ from conftest import horovodrun, torchrun
 from differ import assert_equal, assert_ranks_agree
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
-from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose
+from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose, ramp_floor, schedule
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
@@ -65,11 +65,11 @@ def test_more_compute_a_step_buys_a_denser_level():
 
 def test_a_window_takes_the_least_exchange_and_the_slowest_compute():
     d = Density(DENSE, WINDOW)
-    waited = np.array([[0.5, 0.30, 0.30, WINDOW], [0.4, 0.05, 0.05, WINDOW]])  # rank 0 waited for rank 1
+    waited = np.array([[0.5, 0.30, 0.30, WINDOW, 0], [0.4, 0.05, 0.05, WINDOW, 0]])  # rank 0 waited for rank 1
     assert d.decide(lambda local: waited, wire_of, 0.5) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
     assert d.seconds == {DENSE: 0.01} and d.links == {DENSE: 0.01} and d.measured == 0
     d = Density(DENSE, WINDOW)
-    assert d.decide(lambda local: waited[::-1] * [1, 6, 6, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
+    assert d.decide(lambda local: waited[::-1] * [1, 6, 6, 1, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
 
 
 def test_a_dense_step_beside_backward_costs_its_tail_and_prices_bytes_by_its_link():
@@ -89,10 +89,38 @@ def test_a_dense_step_beside_backward_costs_its_tail_and_prices_bytes_by_its_lin
     assert d.seconds[DENSE] == pytest.approx(0.2) and d.links[DENSE] == pytest.approx(0.6)
 
 
+def test_the_ramp_falls_as_dgc_by_a_quarter_of_its_steps_and_never_lowers_the_budgets_level():
+    floors = [ramp_floor(s, 40) for s in range(44)]
+    assert floors == [0.2] * 10 + [0.05] * 10 + [0.02] * 10 + [0.005] * 10 + [0.0] * 4
+    assert ramp_floor(0, 0) == 0.0 and ramp_floor(3, 4) == 0.005
+    assert schedule(0.001, 0, 40, False) == 0.2 and schedule(0.1, 25, 40, False) == 0.1
+    assert schedule(DENSE, 0, 40, False) == DENSE and schedule(0.001, 40, 40, False) == 0.001
+    assert schedule(0.001, 40, 40, True) == DENSE, "a critical regime is sent dense"
+
+
+def test_a_critical_regime_is_a_change_of_the_mean_gradient_norm_by_eta():
+    """The ranks' mean ‖g‖ of successive windows: 1.0, 1.4 (+40 %), 2.2 (+57 %), 2.3 (+5 %),
+    1.1 (-52 %); a 0.5 s dense step against 0.1 s of compute: sparse unless critical."""
+    d = Density(0.01, WINDOW, seconds={DENSE: 0.5})
+    levels = []
+    for norm in [1.0, 1.4, 2.2, 2.3, 1.1]:
+        d.measured = WINDOW
+        seconds = 0.5 if d.level == DENSE else 0.001
+        every = np.array([[0.1, seconds, seconds, 1, 0.5 * norm], [0.1, seconds, seconds, 1, 1.5 * norm]]) * WINDOW
+        levels.append(d.decide(lambda local, every=every: every, wire_of, 0.5, critical=0.5))
+        assert d.last_norm == pytest.approx(norm)
+    sparse = levels[0]
+    assert sparse in LEVELS and levels == [sparse, sparse, DENSE, sparse, DENSE], levels
+    assert d.critical and Density.from_state(d.state_dict()) == d
+    d.restart()
+    assert d.last_norm is None and not d.critical and d.norm == 0.0
+
+
 def test_density_state_survives_its_state_dict():
-    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04})
+    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04}, 2.5, 0.7, True)
     assert Density.from_state(d.state_dict()) == d
-    before_links = {k: v for k, v in d.state_dict().items() if k not in ("link", "links")}
+    before_links = {k: v for k, v in d.state_dict().items()
+                    if k not in ("link", "links", "norm", "last_norm", "critical")}
     assert Density.from_state(before_links) == Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.1)
     with pytest.raises(ValueError, match="saved density level 0.3"):
         Density.from_state({**d.state_dict(), "level": 0.3})
@@ -111,12 +139,27 @@ def test_auto_is_the_default_and_explicit_ratio_or_k_is_fixed():
     ({"budget": 0.0}, r"budget must be in \(0.0"),
     ({"budget": 0.5, "ratio": 0.01}, "budget applies to ratio='auto' only, not with a fixed ratio"),
     ({"budget": 0.5, "k": 10}, "budget applies to ratio='auto' only, not with a fixed k"),
+    ({"ramp": 100, "ratio": 0.01}, r"ramp applies to ratio='auto' only, not with a fixed ratio \(ramp=100\)"),
+    ({"critical": 0.5, "k": 10}, r"critical applies to ratio='auto' only, not with a fixed k \(critical=0.5\)"),
+    ({"ramp": -1}, r"ramp must be in \[0, "),
+    ({"critical": -0.5}, r"critical must be in \[0.0, "),
     ({"candidates": 4}, "candidates=4 exceeds prefilter=1"),
     ({"candidates": 4, "prefilter": 2, "exchange": "sparse"}, "candidates=4 exceeds prefilter=2"),
 ])
 def test_bad_density_options_raise_naming_them(options, match):
     with pytest.raises(ValueError, match=match):
         GsConfig(**options)
+
+
+@pytest.mark.parametrize("options", [{"budget": 0.2}, {"ramp": 100}, {"critical": 0.5}, {"ramp": 9, "critical": 1.0}])
+def test_tensorflow_refuses_the_options_that_steer_the_measured_density(options):
+    """TensorFlow's ratio="auto" is a fixed 0.01: nothing would read them."""
+    pytest.importorskip("tensorflow")
+    from gs_horovod.tensorflow import GsSketch
+
+    with pytest.raises(ValueError, match=f"^{', '.join(options)}: TensorFlow traces the step once"):
+        GsSketch(**options)
+    assert GsSketch().config.adaptive and GsSketch(ratio=0.01).config.ratio == 0.01
 
 
 def test_candidates_above_the_prefilter_are_fine_where_nothing_caps_them():
@@ -145,15 +188,24 @@ class Run:
                                    clock=lambda comm=comm: comm.link_seconds + self.fake[comm.rank])
                        for comm in self.group.comms]
 
-    def steps(self, count: int, first: int = 0) -> list[dict[str, torch.Tensor]]:
+    def steps(self, count: int, first: int = 0, scale: float = 1.0) -> list[dict[str, torch.Tensor]]:
         updates = []
         for t in range(first, first + count):
             def one(rank, comm, t=t):
                 self.fake[rank] += self.compute[rank]
-                g = torch.randn(D, generator=torch.Generator().manual_seed(1000 * t + rank))
+                g = torch.randn(D, generator=torch.Generator().manual_seed(1000 * t + rank)) * scale
                 return self.states[rank].step({"w": g, "b": torch.ones(10) * rank})
             updates.append(self.group.run(one))
         return updates
+
+    def levels(self, count: int, first: int = 0, scale: float = 1.0) -> list[float]:
+        """The level of each of ``count`` steps, the same on every rank."""
+        out = []
+        for t in range(first, first + count):
+            self.steps(1, t, scale)
+            assert len({s.stats.density for s in self.states}) == 1, f"the ranks' levels differ at step {t}"
+            out.append(self.states[0].stats.density)
+        return out
 
 
 SLOW = (5e-5, 1.25e7)  # 100 Mbit/s
@@ -188,6 +240,23 @@ def test_ranks_that_measure_differently_choose_alike_from_the_slowest_compute_an
     expected = choose(0.5, 0.09, {DENSE: seconds}, wire)
     assert levels == {expected}, "the level is not the one the slowest rank's compute (0.09 s) gives"
     assert expected != choose(0.5, 0.05, {DENSE: seconds}, wire), "the test cannot tell the max from the mean"
+
+
+def test_the_ramp_holds_the_level_above_its_floor_then_hands_it_back_to_the_budget():
+    plain = Run(2, SLOW, [0.0005, 0.0005]).levels(60)
+    ramped = Run(2, SLOW, [0.0005, 0.0005], ramp=48).levels(60)
+    assert set(plain[WINDOW + 2:]) == {plain[-1]} and plain[-1] < 0.005, plain
+    assert all(level >= ramp_floor(t, 48) for t, level in enumerate(ramped)), ramped
+    assert {0.2, 0.05, 0.02, 0.005} <= set(ramped[:48]) and ramped[-1] == plain[-1], ramped
+
+
+def test_a_jump_of_the_gradient_norm_sends_the_next_window_dense_on_every_rank():
+    plain, critical = Run(2, SLOW, [0.0005, 0.0005]), Run(2, SLOW, [0.0005, 0.0005], critical=0.5)
+    assert critical.levels(30) == plain.levels(30), "a steady norm is no critical regime"
+    after = critical.levels(30, 30, scale=3.0)
+    assert DENSE in after[:2 * (WINDOW + 1)] and after[-1] == plain.levels(30, 30, scale=3.0)[-1], after
+    norms = [s.density.last_norm for s in critical.states]
+    assert norms[0] == norms[1] == pytest.approx(3 * math.sqrt(D), rel=0.02), "not the ranks' agreed mean ‖g‖"
 
 
 def test_a_restore_across_a_change_of_level_continues_bitwise():

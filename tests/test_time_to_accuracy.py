@@ -86,3 +86,6 @@ def test_method_flags_go_to_gs_or_to_the_baseline_with_the_ratio_only_where_k_is
     assert tta.method_args("gs", 0.01)[1] == ["--compression", "gs"], "the defaults got a ratio"
     assert tta.method_args("gs:ratio=0.01", 0.02)[1] == ["--compression", "gs", "--gs", "ratio=0.01"]
     assert tta.method_args("topk", 0.02)[1] == ["--compression", "topk", "--ratio", "0.02"]
+    assert tta.method_args("gs:ramp=24", 0.01)[1] == ["--compression", "gs", "--gs", "ramp=24"], \
+        "a variant of the defaults' measured density got a ratio"
+    assert tta.method_args("gs:critical=0.5,budget=0.2", 0.01)[1][-1] == "budget=0.2"

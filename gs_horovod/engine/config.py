@@ -59,6 +59,12 @@ class GsConfig:
     k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
     budget: under ``ratio="auto"``, the exchange's seconds allowed per second of compute
         (default 0.5); an error with an explicit ``ratio`` or ``k``.
+    ramp: under ``ratio="auto"``, DGC's exponential density warm-up over the first ``ramp``
+        steps (:func:`~gs_horovod.engine.density.ramp_floor`: at least 0.2, 0.05, 0.02, then 0.005
+        of D a quarter each); 0: off. An error with an explicit ``ratio`` or ``k``.
+    critical: under ``ratio="auto"``, Accordion's threshold η (its authors' 0.5): a window whose
+        mean gradient norm changed by at least η relative to the previous window's is a critical
+        regime and the next window is sent dense; 0: off. An error with an explicit ``ratio`` or ``k``.
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k, at least 1: cols = ceil(width · k).
     candidates: m; the exchange nominates m·k coordinates and the exact round picks k of them
@@ -104,6 +110,8 @@ class GsConfig:
     ratio: Optional[float] = None
     k: Optional[int] = None
     budget: Optional[float] = None
+    ramp: int = 0
+    critical: float = 0.0
     rows: int = 3
     width: float = 2.0
     candidates: int = 1
@@ -133,10 +141,13 @@ class GsConfig:
                 raise ValueError(f"give either ratio or k, not both (got ratio={self.ratio}, k={self.k})")
         if self.budget is not None:
             check_number("budget", self.budget, float, 0.0, 1e6, low_open=True)
+        check_number("ramp", self.ramp, int, 0, 2**62)
+        check_number("critical", self.critical, float, 0.0, 1e6)
+        for name in self.measured_options:
             if not self.adaptive:
                 fixed = "k" if self.k is not None else "ratio"
-                raise ValueError(f"budget applies to ratio='auto' only, not with a fixed {fixed} "
-                                 f"(budget={self.budget})")
+                raise ValueError(f"{name} applies to ratio='auto' only, not with a fixed {fixed} "
+                                 f"({name}={getattr(self, name)})")
         check_number("rows", self.rows, int, 1, MAX_ROWS)
         check_number("width", self.width, float, 1.0, float(MAX_COLS))  # fewer columns than k: no room for k
         check_number("candidates", self.candidates, int, 1, 1024)
@@ -204,6 +215,11 @@ class GsConfig:
     def adaptive(self) -> bool:
         """Whether the density follows the measured step (``ratio="auto"``)."""
         return self.ratio is None and self.k is None
+
+    @property
+    def measured_options(self) -> list[str]:
+        """The options given that steer the measured density (``budget``, ``ramp``, ``critical``)."""
+        return [name for name, off in (("budget", None), ("ramp", 0), ("critical", 0.0)) if getattr(self, name) != off]
 
     @property
     def budget_or_default(self) -> float:

@@ -4,8 +4,8 @@ a rule on the measured step, the same on every rank.
 The densities are :data:`LEVELS`, fractions of D (k = ceil(level · D)), and :data:`DENSE`:
 every coordinate in one float16 allreduce. A run starts at DENSE. After each window of
 :data:`WINDOW` measured steps at one level (the first step at a level is not measured: kernels
-compile, buffers are laid out), the ranks share their windows' seconds with one allgather of
-three floats each and every rank, from the same numbers, chooses::
+compile, buffers are laid out), the ranks share their windows' sums (seconds, steps, gradient
+norms) with one allgather of five floats each and every rank, from the same numbers, chooses::
 
     t_c        compute seconds a step: end of one engine step to the start of the next
                (forward, backward, optimizer, data), the slowest rank's window mean
@@ -30,6 +30,15 @@ wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.col
 of the plan at L. The link's seconds a byte come from the dense window alone, so the sparse
 level moves only with t_c. A change of world (Horovod elastic) starts the rule again
 (:meth:`Density.restart`).
+
+Two training-phase options raise L* (both off by default, :func:`schedule`):
+
+    ramp R       DGC's exponential warm-up: at step s < R the level is at least the one
+                 nearest (in log) to 0.25 · 4^-floor(4s/R): 0.2, 0.05, 0.02, 0.005
+    critical η   Accordion's critical regimes: n is the window's mean gradient norm ‖g‖ over
+                 the ranks (each rank's gradient before its residual, the allgather's fifth
+                 float); where |n − n'| ≥ η · n' against the previous window's n', the next
+                 window is DENSE
 """
 
 from __future__ import annotations
@@ -72,6 +81,22 @@ def choose(budget: float, compute: float, seconds: dict[float, float], wire: Cal
     return DENSE if cost(DENSE) <= max(allowed, cost(level)) else level
 
 
+def ramp_floor(step: int, ramp: int) -> float:
+    """The least level at ``step`` of a ``ramp``-step exponential warm-up (DGC: 25 % of D, then
+    a quarter as many every quarter of the ramp), as the nearest of :data:`LEVELS` in log; 0
+    from step ``ramp`` on (and with ``ramp`` 0)."""
+    if step >= ramp:
+        return 0.0
+    wanted = 0.25 * 4.0 ** -(4 * step // ramp)
+    return min(LEVELS, key=lambda lv: abs(math.log(lv / wanted)))
+
+
+def schedule(level: float, step: int, ramp: int, critical: bool) -> float:
+    """``level`` (the budget's, :func:`choose`) raised by the training-phase options: DENSE in
+    a ``critical`` regime, else at least :func:`ramp_floor` (``step``: steps applied so far)."""
+    return DENSE if critical else max(level, ramp_floor(step, ramp))
+
+
 @dataclass
 class Density:
     """The density state of one :class:`~gs_horovod.engine.state.EngineState` (saved in its
@@ -79,9 +104,11 @@ class Density:
 
     level: the fraction of D the next step sends (a :data:`CHOICES` value; DENSE: all of it in
     float16); measured: steps measured at this level in the current window; compute / exchange /
-    link: this rank's summed seconds of those steps (its own, until agreed); seconds / links:
-    level → agreed mean seconds of its engine step (t_x) and of its link (t_l); changes: how
-    often the level changed."""
+    link / norm: this rank's summed seconds of those steps and gradient norms ‖g‖ (its own,
+    until agreed); seconds / links: level → agreed mean seconds of its engine step (t_x) and of
+    its link (t_l); changes: how often the level changed; last_norm: the previous window's
+    agreed mean gradient norm (None before one; ``critical`` only); critical: whether the last
+    window was a critical regime."""
 
     level: float = DENSE
     measured: int = -1  # the first step at a level is not measured
@@ -91,16 +118,21 @@ class Density:
     changes: int = 0
     link: float = 0.0
     links: dict[float, float] = field(default_factory=dict)
+    norm: float = 0.0
+    last_norm: Optional[float] = None
+    critical: bool = False
 
     @property
     def due(self) -> bool:
         """Whether a window is complete: the next step starts with :meth:`decide`."""
         return self.measured >= WINDOW
 
-    def observe(self, compute: Optional[float], exchange: float, link: Optional[float] = None) -> None:
+    def observe(self, compute: Optional[float], exchange: float, link: Optional[float] = None,
+                norm: float = 0.0) -> None:
         """Counts one step at :attr:`level`: ``compute`` seconds before it (None: unknown, e.g.
-        the first step), ``exchange`` seconds of the engine step, and ``link`` seconds of its
-        collectives where they ran beside backward (None: the exchange's)."""
+        the first step), ``exchange`` seconds of the engine step, ``link`` seconds of its
+        collectives where they ran beside backward (None: the exchange's), and this rank's
+        gradient norm ‖g‖ (``critical`` only; else 0)."""
         if compute is None:
             return
         if self.measured < 0:
@@ -110,30 +142,38 @@ class Density:
         self.compute += compute
         self.exchange += exchange
         self.link += exchange if link is None else link
+        self.norm += norm
 
     def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float],
-               budget: float) -> float:
-        """Ends the window under ``budget``: ``share`` gathers every rank's (4,) [compute, exchange,
-        link, steps] as (P, 4) (one allgather, collective); the level is then chosen from them
-        (:func:`choose`: the slowest rank's compute, the least exchange and link), the same on
-        every rank. Returns the new level."""
-        local = np.array([self.compute, self.exchange, self.link, self.measured], dtype=np.float64)
-        every = np.asarray(share(local), dtype=np.float64).reshape(-1, 4)
+               budget: float, step: int = 0, ramp: int = 0, critical: float = 0.0) -> float:
+        """Ends the window under ``budget``: ``share`` gathers every rank's (5,) [compute, exchange,
+        link, steps, norm] as (P, 5) (one allgather, collective); the level is then chosen from
+        them (:func:`choose`: the slowest rank's compute, the least exchange and link; then
+        :func:`schedule` at ``step`` steps applied, with the ``ramp`` and, where ``critical`` η > 0,
+        the regime from the ranks' mean gradient norm), the same on every rank. Returns the new
+        level."""
+        local = np.array([self.compute, self.exchange, self.link, self.measured, self.norm], dtype=np.float64)
+        every = np.asarray(share(local), dtype=np.float64).reshape(-1, 5)
         steps = np.maximum(every[:, 3], 1.0)
         self.seconds[self.level] = float((every[:, 1] / steps).min())
         self.links[self.level] = float((every[:, 2] / steps).min())
         chosen = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
+        if critical:
+            norm = float((every[:, 4] / steps).mean())
+            self.critical = self.last_norm is not None and abs(norm - self.last_norm) >= critical * self.last_norm
+            self.last_norm = norm
+        chosen = schedule(chosen, step, ramp, self.critical)
         if chosen != self.level:
             self.level, self.changes, self.measured = chosen, self.changes + 1, -1
         else:
             self.measured = 0
-        self.compute = self.exchange = self.link = 0.0
+        self.compute = self.exchange = self.link = self.norm = 0.0
         return self.level
 
     def restart(self) -> None:
         """Forgets every measurement and starts at DENSE again (every rank alike)."""
         self.level, self.measured, self.compute, self.exchange, self.seconds = DENSE, -1, 0.0, 0.0, {}
-        self.link, self.links = 0.0, {}
+        self.link, self.links, self.norm, self.last_norm, self.critical = 0.0, {}, 0.0, None, False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain floats and ints (checkpoint-safe)."""
@@ -145,7 +185,10 @@ class Density:
         level = float(state["level"])
         if not any(math.isclose(level, c) for c in CHOICES):
             raise ValueError(f"saved density level {level} is not one of {CHOICES}")
+        last = state.get("last_norm")
         return cls(level, int(state["measured"]), float(state["compute"]), float(state["exchange"]),
                    {float(k): float(v) for k, v in state["seconds"].items()}, int(state["changes"]),
                    float(state.get("link", state["exchange"])),
-                   {float(k): float(v) for k, v in state.get("links", {}).items()})
+                   {float(k): float(v) for k, v in state.get("links", {}).items()},
+                   float(state.get("norm", 0.0)), None if last is None else float(last),
+                   bool(state.get("critical", False)))

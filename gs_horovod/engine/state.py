@@ -198,7 +198,7 @@ class EngineState:
             result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
         self.updates = {}
-        return self._store(plan, named, result, ended, begun, begun, self._first)
+        return self._store(plan, named, result, list(self.grads.values()), ended, begun, begun, self._first)
 
     def update_of(self, name: str) -> Array:
         """The step's update (d,) f32 of ``name``; the first call runs the step over every
@@ -215,7 +215,7 @@ class EngineState:
         named = [(n, int(g.shape[0])) for n, g in grads.items()]
         begun = self.clock()
         if density is not None and density.due:  # a restored state may end a window here
-            density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
+            self._decide(named)
         level = None if density is None else density.level
         self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level),
                       like)
@@ -224,7 +224,7 @@ class EngineState:
         with self.ops.own_threads():
             result = self.sgd.step(plan, [grads[n] for n in plan.names], self.residual, self.momentum,
                                       self.steps, not self.checked, [grads[n] for n in plan.dense_names])
-        return self._store(plan, named, result, ended, begun, started)
+        return self._store(plan, named, result, list(grads.values()), ended, begun, started)
 
     def skip(self, grads: dict[str, Array]) -> dict[str, Array]:
         """A step the adapter's guard dropped before any exchange (a NaN/Inf found on some rank
@@ -234,14 +234,15 @@ class EngineState:
         self.stats.skipped += 1
         return {n: self.ops.zeros_like(g) for n, g in grads.items()}
 
-    def _store(self, plan: Plan, named: list[tuple[str, int]], result: StepResult, ended: Optional[float],
-               begun: Optional[float], started: Optional[float], linked: Optional[float] = None) -> dict[str, Array]:
-        """After a step of ``plan``: the density's measurement (compute from the last step's end
-        ``ended`` to ``begun``, exchange from ``started`` to now, the link from ``linked``, the
-        first gradient of a step whose allreduces ran beside backward, to now) and, at a window's
-        end, its next level (decided now, so that the next step's first record knows it); the
-        counts; the new state unless the step was skipped. Returns each tensor's update, a view of
-        the flat one."""
+    def _store(self, plan: Plan, named: list[tuple[str, int]], result: StepResult, grads: list[Array],
+               ended: Optional[float], begun: Optional[float], started: Optional[float],
+               linked: Optional[float] = None) -> dict[str, Array]:
+        """After a step of ``plan`` over ``grads``: the density's measurement (compute from the last
+        step's end ``ended`` to ``begun``, exchange from ``started`` to now, the link from ``linked``,
+        the first gradient of a step whose allreduces ran beside backward, to now; ‖g‖ under
+        ``critical``) and, at a window's end, its next level (decided now, so that the next step's
+        first record knows it); the counts; the new state unless the step was skipped. Returns each
+        tensor's update, a view of the flat one."""
         config, density, ops = self.sgd.config, self.density, self.ops
         warm = self.steps < config.warmup_steps
         self.checked = True
@@ -249,15 +250,26 @@ class EngineState:
             ops.wait(result.update)
             self._ended = self.clock()
             density.observe(None if ended is None or begun is None else begun - ended, self._ended - started,
-                            None if linked is None else self._ended - linked)
+                            None if linked is None else self._ended - linked,
+                            self._norm(grads) if config.critical else 0.0)
             if density.due:
-                density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default)
+                self._decide(named, int(result.steps) if bool(result.applied) else self.steps)
             self.stats.density, self.stats.density_changes = plan.level, density.changes
         self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), (result.routed, result.gathered))
         if result.applied:
             self.residual, self.momentum, self.steps = result.residual, result.momentum, result.steps
             self._zero = warm or not plan.groups
         return {n: ops.slice(result.update, o, d) for n, o, d in zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
+
+    def _decide(self, named: list[tuple[str, int]], steps: Optional[int] = None) -> None:
+        """Ends the density's window (collective): its next level at ``steps`` applied (None: :attr:`steps`)."""
+        config = self.sgd.config
+        self.density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default,
+                            self.steps if steps is None else steps, config.ramp, config.critical)
+
+    def _norm(self, grads: list[Array]) -> float:
+        """‖g‖ of this step's gradients ``grads`` (each (d,) f32), as a host float."""
+        return float(sum(float(self.ops.sum_squares(g)) for g in grads)) ** 0.5
 
     def _share(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` (n,) as (P, n) float32, the same on every rank (one allgather)."""

@@ -185,6 +185,9 @@ class TfOps:
     def not_finite(self, x: tf.Tensor) -> tf.Tensor:
         return 1.0 - tf.cast(self.all_finite(x), tf.float32)
 
+    def sum_squares(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_sum(tf.square(tf.cast(x, tf.float32)))
+
     def logical_and(self, a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
         return tf.logical_and(a, b)
 

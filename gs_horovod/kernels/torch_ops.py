@@ -366,6 +366,10 @@ class TorchOps:
     def not_finite(self, x: torch.Tensor) -> torch.Tensor:
         return (~torch.isfinite(x)).any().float()
 
+    def sum_squares(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return torch.dot(x, x)
+
     def logical_and(self, a: bool, b: bool) -> bool:
         return bool(a) and bool(b)
 

@@ -14,7 +14,8 @@ workload, rank count and link rate, each method (its order rotated by one per re
 ``scripts/bench/shaped.sh RATE P -- mpirun -np P python <example> ...`` (Horovod's MPI
 controller, TCP between the ranks' namespaces) and appends one JSON line per run: the method,
 its options, the seed (the repeat), the held-out metric after every evaluation with the
-training seconds at that point (evaluation included), and bytes per step. A run that fails
+training seconds at that point (evaluation included) and the wire bytes through a rank so far,
+and bytes per step. A run that fails
 is written as a row with ``failed`` (its exit status and the end of its stderr), the study goes
 on, and ``run`` exits 1 at the end. An existing ``--out`` is refused (exit 1, nothing run) unless
 ``--append`` is given; every row carries ``run_id`` (one per invocation, :mod:`gs_bench.runs`) and
@@ -81,15 +82,16 @@ def time_to_target(history: list[dict[str, float]], metric: str, target: float) 
 
 def method_args(variant: str, ratio: float) -> tuple[str, list[str]]:
     """(label, example flags) of METHOD[:NAME=VALUE,...]: ``--ratio`` for the methods that select
-    k coordinates, except bare ``gs`` (the shipped defaults, as a user gets them) and variants
-    that name their own ``ratio`` or ``k``."""
+    k coordinates, except bare ``gs`` (the shipped defaults, as a user gets them), variants
+    that name their own ``ratio`` or ``k``, and gs variants of the defaults' measured density
+    (``budget``, ``ramp``, ``critical``: ``ratio="auto"`` options)."""
     method, _, options = variant.partition(":")
     flag = "--gs" if method == "gs" else "--opt"
     args = ["--compression", method]
     for option in filter(None, options.split(",")):
         args += [flag, option]
-    if method in SELECTS_K and variant != "gs" and not any(o.split("=")[0] in ("ratio", "k") for o in
-                                                           options.split(",")):
+    own = ("ratio", "k", "budget", "ramp", "critical") if method == "gs" else ("ratio", "k")
+    if method in SELECTS_K and not any(o.split("=")[0] in own for o in options.split(",")) and variant != "gs":
         args += ["--ratio", str(ratio)]
     return variant, args
 
@@ -114,7 +116,8 @@ def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, arg
         result = json.loads(out.read_text())
     history = result["history"]
     row["wire"] = result.get("wire")
-    row["history"] = [{"seconds": h["seconds"], metric: h[metric]} for h in history]
+    row["history"] = [{"seconds": h["seconds"], metric: h[metric],
+                       "wire_bytes": round(h["wire_bytes_per_step"] * h["epoch"] * h["steps"])} for h in history]
     row["bytes_per_step"] = history[-1]["bytes_per_step"]
     return row
 
