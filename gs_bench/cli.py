@@ -254,17 +254,40 @@ class SimulatedTrainingRanks:
         return sum(values) / len(values)
 
 
+LINK_LATENCY = 5e-5
+"""Seconds each round of a modelled collective costs before its bytes (a switched LAN's order)."""
+
+
+def link_of(rate: str) -> tuple[float, float]:
+    """(latency seconds, bytes per second) of a modelled link at a tc-style ``rate``
+    ("100mbit", "1gbit", "2.5gbit": bits per second with k/m/g), with :data:`LINK_LATENCY`."""
+    import re
+
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg])bit", rate)
+    if not match:
+        raise argparse.ArgumentTypeError(f"a link rate like 100mbit or 1gbit, got {rate!r}")
+    bits = float(match[1]) * {"k": 1e3, "m": 1e6, "g": 1e9}[match[2]]
+    return LINK_LATENCY, bits / 8
+
+
 def add_simulated_flag(p: argparse.ArgumentParser) -> None:
-    """``--simulated-ranks P`` (see :func:`run_on_ranks`)."""
+    """``--simulated-ranks P`` and ``--simulated-link RATE`` (see :func:`run_on_ranks`)."""
     p.add_argument("--simulated-ranks", type=int, metavar="P",
                    help="run P ranks in this one process instead of under a launcher (gs-SGD's engine and the "
                         "baselines on simulated collectives; no horovodrun or torchrun)")
+    p.add_argument("--simulated-link", type=link_of, metavar="RATE",
+                   help="with --simulated-ranks: the modelled link (e.g. 100mbit) that ratio='auto' measures "
+                        "each collective on (50 us + bytes / rate a round); without it collectives take no "
+                        "time and ratio='auto' stays dense")
 
 
 def run_on_ranks(args: argparse.Namespace, train: Callable[[Any], dict]) -> dict:
     """``train(ranks)`` for this process's rank under horovodrun or torchrun
     (:func:`ranks_from_env`), or with ``--simulated-ranks P`` for each of P ranks simulated in
-    this process (:class:`SimulatedTrainingRanks`); this process's (rank 0's) result."""
+    this process (:class:`SimulatedTrainingRanks`, on the ``--simulated-link`` model); this
+    process's (rank 0's) result."""
+    if args.simulated_link and args.simulated_ranks is None:
+        raise SystemExit("--simulated-link needs --simulated-ranks")
     if args.simulated_ranks is None:
         ranks = ranks_from_env()
         try:
@@ -275,7 +298,8 @@ def run_on_ranks(args: argparse.Namespace, train: Callable[[Any], dict]) -> dict
         raise SystemExit(f"--simulated-ranks must be >= 1, got {args.simulated_ranks}")
     from gs_horovod.transports.simulated import SimulatedRanks
 
-    return SimulatedRanks(args.simulated_ranks).run(lambda rank, comm: train(SimulatedTrainingRanks(comm)))[0]
+    group = SimulatedRanks(args.simulated_ranks, link=args.simulated_link)
+    return group.run(lambda rank, comm: train(SimulatedTrainingRanks(comm)))[0]
 
 
 def ranks_from_env() -> HorovodRanks | TorchRanks:

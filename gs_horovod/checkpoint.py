@@ -72,6 +72,11 @@ STATE_NEUTRAL = ("wire",)
 not what a residual means): a checkpoint written before one existed loads under any value."""
 
 
+ADDED = {"ramp": 0, "critical": 0.0}
+"""Options added after states were first saved, with the value a state saved without them ran
+under (off): such a state loads where they are still off, and is refused, naming them, where not."""
+
+
 RENAMED = {"merge": "transport"}
 """Options under their former names (old: new): the adapters still take the old name (with a
 DeprecationWarning), and a state saved before the rename carries it, read as the new one."""
@@ -91,7 +96,8 @@ def check_local_state(state: Any, options: dict[str, Any], size: int) -> str:
         return f"GsSketch: not a GsSketch state (got {type(state).__name__})"
     saved = saved_options(state)
     older = {k: options[k] for k in STATE_NEUTRAL if k in options and k not in saved}
-    diff = options_difference({**older, **saved}, options)
+    added = {k: v for k, v in ADDED.items() if k in options and k not in saved}
+    diff = options_difference({**added, **older, **saved}, options)
     if diff:
         return f"GsSketch state was saved with different options: {diff}"
     if state.get("world_size", size) != size:

@@ -162,6 +162,13 @@ def test_a_state_saved_before_the_wire_option_loads_and_other_options_still_coun
     assert "ratio=0.05 saved, 0.1 now" in check_local_state(older, {**now, "ratio": 0.1}, 2)
 
 
+def test_a_state_saved_before_ramp_and_critical_loads_where_they_are_off_and_is_refused_where_not():
+    now = {**OPTIONS, "ramp": 0, "critical": 0.0}
+    older = local(0, 2)  # no "ramp" or "critical": saved before they existed, with both off
+    assert check_local_state(older, now, 2) == ""
+    assert "ramp=0 saved, 40 now" in check_local_state(older, {**now, "ramp": 40}, 2)
+    assert "critical=0.0 saved, 0.5 now" in check_local_state(older, {**now, "critical": 0.5}, 2)
+
 
 def test_a_state_saved_with_the_former_merge_option_loads_as_transport():
     """``merge`` became ``transport``: a state saved under the old name compares as the new one."""

@@ -280,3 +280,36 @@ def test_convergence_runs_gs_at_its_default_density_by_itself(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         conv.parse_args(["--simulated-ranks", "4", "--ratios", "auto", "--methods", "gs", "gtopk"])
     assert "--ratios auto is gs's default density; ['gtopk'] select k" in capsys.readouterr().err
+
+
+def lm_row(method: str, seed: int, points: list[tuple[float, float]]) -> dict:
+    """A time-to-accuracy LM row: (cumulative wire bytes, perplexity) at each evaluation (every 10 steps)."""
+    return {"workload": "lm", "ranks": 2, "rate": "100mbit", "method": method, "seed": seed, "metric": "perplexity",
+            "history": [{"seconds": 1.0 + i, "perplexity": p, "wire_bytes": b} for i, (b, p) in enumerate(points)]}
+
+
+def test_equal_bytes_compares_two_runs_at_the_smaller_of_their_totals_interpolated_in_bytes() -> None:
+    plain = lm_row("gs", 0, [(100, 40.0), (200, 30.0), (300, 20.0)])
+    cheap = lm_row("gs:budget=0.1", 0, [(50, 60.0), (150, 30.0), (250, 24.0)])
+    assert report.at_bytes(plain, 150) == pytest.approx(35.0)
+    assert report.at_bytes(plain, 100) == 40.0 and report.at_bytes(plain, 99) is None
+    assert report.at_bytes(plain, 301) is None
+    assert report.equal_bytes_ratio(cheap, plain) == pytest.approx(24.0 / 25.0)  # at 250 bytes
+    assert report.equal_bytes_ratio(plain, cheap) == pytest.approx(25.0 / 24.0)
+    late = lm_row("fp16", 0, [(400, 30.0), (800, 15.0)])
+    assert report.equal_bytes_ratio(late, plain) is None, "dense's first evaluation is past the plain run's bytes"
+
+
+def test_the_steps_table_and_verdict_pair_each_seed_with_the_plain_and_dense_runs(tmp_path: Path) -> None:
+    rows = [lm_row("gs", s, [(100, 30.0), (200, 18.0)]) for s in (0, 1)]
+    rows += [lm_row("gs:ramp=32", 0, [(120, 25.0), (240, 19.0)]), lm_row("gs:ramp=32", 1, [(120, 31.0), (240, 22.0)])]
+    rows += [lm_row("fp16", s, [(500, 22.0), (1000, 15.0)]) for s in (0, 1)]
+    path = tmp_path / "tta.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = report.steps_table(path, "fp16", "gs")
+    # gs: perplexity 20 at step 10 + 10·(30-20)/(30-18) = 18.33; fp16 at 10 + 10·2/7 = 12.86
+    assert "| lm | 2 | 100mbit | gs | 2 of 2 | 18.33 | 1.43 |" in table, table
+    # ramp seed 0 at 200 bytes: 25 + (80/120)·(19-25) = 21 against gs's 18; seed 1: 31 - 6 = 25
+    assert "| 1.28 [1.167, 1.389] |" in table, table
+    verdict = report.options_verdict(path, "fp16", "gs")
+    assert "| gs:ramp=32 | 0 of 2 |" in verdict and "fp16" not in verdict, verdict

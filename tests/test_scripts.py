@@ -13,6 +13,7 @@ file is meant to stay around 90 s on two idle cores.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -364,6 +365,23 @@ def test_simulated_ranks_train_what_horovodrun_trains(tmp_path: Path, compressio
             # Horovod's meter: rank 0's own allgather share, an even alltoall; simulated: the mean
             # share, the busiest rank's real alltoall bytes
             assert 0.5 * r["wire_bytes_per_step"] <= s["wire_bytes_per_step"] <= 2 * r["wire_bytes_per_step"]
+
+
+def test_a_modelled_link_gives_simulated_ranks_the_density_a_slow_link_gets(tmp_path: Path) -> None:
+    """``--simulated-link``: without it the collectives take no time and ``ratio="auto"`` stays
+    dense (float16, 2 bytes a coordinate); on a modelled 1 Mbit/s link it goes sparse after its
+    first window, so fewer bytes a step. A rate that is not one is an argument error."""
+    from gs_bench.cli import link_of
+
+    args = ["--model", "mlp", "--epochs", "2", "--compression", "gs", "--simulated-ranks", "2"]
+    run_script("bench/train_torch.py", *args, "--json", str(tmp_path / "free.json"))
+    run_script("bench/train_torch.py", *args, "--simulated-link", "1mbit", "--json", str(tmp_path / "slow.json"))
+    free, slow = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("free", "slow"))
+    assert free["history"][-1]["bytes_per_step"] == pytest.approx(free["dense_bytes_per_step"] / 2, rel=0.01)
+    assert slow["history"][-1]["bytes_per_step"] < 0.5 * free["history"][-1]["bytes_per_step"]
+    assert link_of("2.5gbit") == (5e-5, 2.5e9 / 8)
+    with pytest.raises(argparse.ArgumentTypeError, match="a link rate like 100mbit or 1gbit, got 'fast'"):
+        link_of("fast")
 
 
 def test_bench_convergence_simulated(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ and bytes per step. A run that fails
 is written as a row with ``failed`` (its exit status and the end of its stderr), the study goes
 on, and ``run`` exits 1 at the end. An existing ``--out`` is refused (exit 1, nothing run) unless
 ``--append`` is given; every row carries ``run_id`` (one per invocation, :mod:`gs_bench.runs`) and
-``code`` (the commit).
+``code`` (the commit). ``--simulated`` runs each training as ``--simulated-ranks P
+--simulated-link RATE`` in one process instead (no shaping, no mpirun; for steps and bytes).
 
 Workloads (``WORKLOADS``: the example, its fixed flags, the metric and the target declared
 before the study): ``cnn`` trains ``scripts/bench/train_torch.py --model cnn`` for 4 epochs
@@ -105,10 +106,14 @@ def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, arg
                            "repeat": repeat, "seed": repeat, "metric": metric}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "history.json"
-        cmd = ["bash", str(ROOT / "scripts/bench/shaped.sh"), rate, str(ranks), "--",
-               "mpirun", "-np", str(ranks), python, str(ROOT / example), *fixed,
-               *flags, "--seed", str(repeat), "--json", str(out), *args.extra]
-        row["command"] = "scripts/bench/shaped.sh " + " ".join(cmd[2:]).replace(str(ROOT) + "/", "")
+        train = [python, str(ROOT / example), *fixed, *flags, "--seed", str(repeat), "--json", str(out)]
+        if args.simulated:
+            row["rate"] = f"{rate} modelled"
+            cmd = [*train, "--simulated-ranks", str(ranks), "--simulated-link", rate, *args.extra]
+        else:
+            cmd = ["bash", str(ROOT / "scripts/bench/shaped.sh"), rate, str(ranks), "--",
+                   "mpirun", "-np", str(ranks), *train, *args.extra]
+        row["command"] = " ".join(cmd[1:] if cmd[0] == "bash" else cmd).replace(str(ROOT) + "/", "")
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             row["failed"] = {"returncode": proc.returncode, "stderr": proc.stderr[-2000:]}
@@ -258,6 +263,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=["gs", "gs:exchange=sketch", "gtopk", "topk", "powersgd:rank=1", "fp16", "none"])
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--ratio", type=float, default=0.01)
+    r.add_argument("--simulated", action="store_true",
+                   help="P ranks simulated in one process on a modelled link at each rate (rate 'R modelled' in "
+                        "the rows; their seconds are the process's, P ranks' compute in turn: steps and bytes only)")
     r.add_argument("extra", nargs="*", help="after --: passed to every example run")
     s = sub.add_parser("report")
     s.add_argument("data")

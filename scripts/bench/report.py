@@ -1310,6 +1310,162 @@ def density_pilot_verdict(docs: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# the training-phase options of ratio="auto" (ramp, critical) against the plain budget
+# (docs/tta_phases.jsonl)
+
+PHASES = "tta_phases.jsonl"
+PLAIN, DENSE_REFERENCE = "gs", "fp16"
+
+
+def at_bytes(row: dict, budget: float) -> float | None:
+    """``row``'s metric at ``budget`` cumulative wire bytes through a rank, linear in bytes
+    between the two evaluations around it; None before its first evaluation or past its last."""
+    metric, points = row["metric"], row["history"]
+    for before, after in zip(points, points[1:]):
+        if before["wire_bytes"] <= budget <= after["wire_bytes"]:
+            span = after["wire_bytes"] - before["wire_bytes"]
+            share = 0.0 if span == 0 else (budget - before["wire_bytes"]) / span
+            return before[metric] + share * (after[metric] - before[metric])
+    return points[0][metric] if points and budget == points[0]["wire_bytes"] else None
+
+
+def equal_bytes_ratio(row: dict, plain: dict) -> float | None:
+    """``row``'s metric ÷ ``plain``'s at the smaller of their cumulative wire bytes at the end
+    (:func:`at_bytes`), or None where either has no evaluation there."""
+    budget = min(row["history"][-1]["wire_bytes"], plain["history"][-1]["wire_bytes"])
+    mine, theirs = at_bytes(row, budget), at_bytes(plain, budget)
+    return None if mine is None or theirs is None else mine / theirs
+
+
+def phase_cells_of(path: Path) -> dict[tuple, dict[str, dict[int, dict]]]:
+    """A time-to-accuracy file as (workload, P, link) → method → seed → row (failed runs left out)."""
+    cells: dict[tuple, dict[str, dict[int, dict]]] = {}
+    for r in tta.read_rows(path):
+        if "failed" not in r:
+            cells.setdefault((r["workload"], r["ranks"], r["rate"]), {}).setdefault(r["method"], {})[r["seed"]] = r
+    return cells
+
+
+def mean_of(values: list[float | None]) -> str:
+    kept = [v for v in values if v is not None]
+    return "—" if not kept else f"{statistics.mean(kept):.2f}" if len(kept) == len(values) else \
+        f"{statistics.mean(kept):.2f} ({len(kept)} of {len(values)})"
+
+
+def steps_table(path: Path, dense_method: str, plain_method: str) -> str:
+    """Per (workload, P, link) and method of a time-to-accuracy file, means over the seeds: the
+    LM's steps and seconds to its target (no seconds on modelled links), steps over
+    ``dense_method``'s (per seed), wire MB a rank over the run, and the held-out metric over
+    ``plain_method``'s at equal cumulative wire bytes (per seed, then the mean; each seed's ratio
+    in brackets)."""
+    targets = tta.targets_of([])
+    lines = ["| workload | P | link | method | seeds at target | steps to target | steps ÷ dense's "
+             f"| seconds to target | wire MB a rank | metric ÷ {plain_method}'s at equal bytes [per seed] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (workload, ranks, rate), methods in phase_cells_of(path).items():
+        dense, plain = methods.get(dense_method, {}), methods.get(plain_method, {})
+        for method, seeds in methods.items():
+            rows = [seeds[k] for k in sorted(seeds)]
+            steps = [steps_to_target(r) for r in rows]
+            seconds = [None if rate.endswith("modelled") else
+                       tta.time_to_target(r["history"], r["metric"], targets[workload]) for r in rows]
+            over = [None if s is None or seed not in dense or steps_to_target(dense[seed]) is None
+                    else s / steps_to_target(dense[seed]) for seed, s in zip(sorted(seeds), steps)]
+            equal = [equal_bytes_ratio(seeds[k], plain[k]) if k in plain else None for k in sorted(seeds)]
+            each = ", ".join("—" if e is None else f"{e:.3f}" for e in equal)
+            megabytes = statistics.mean(r["history"][-1]["wire_bytes"] for r in rows) / 1e6
+            lines.append(f"| {workload} | {ranks} | {rate} | {method} | {sum(s is not None for s in steps)} of "
+                         f"{len(rows)} | {mean_of(steps)} | {mean_of(over)} | {mean_of(seconds)} | {megabytes:,.0f} "
+                         f"| {mean_of(equal)} [{each}] |")
+    return "\n".join(lines)
+
+
+def options_verdict(path: Path, dense_method: str, plain_method: str) -> str:
+    """Per method of a time-to-accuracy file other than ``plain_method`` and ``dense_method``: in
+    how many (setting, seed) pairs its metric at equal cumulative wire bytes beat
+    ``plain_method``'s, and, on real links, its seconds to the target over ``plain_method``'s
+    (mean of the settings' means)."""
+    targets = tta.targets_of([])
+    cells = phase_cells_of(path)
+    options = [m for m in dict.fromkeys(m for c in cells.values() for m in c) if m not in (plain_method, dense_method)]
+    lines = [f"| method | ahead of {plain_method} at equal bytes | seconds to target ÷ {plain_method}'s |",
+             "|---|---|---|"]
+    for option in options:
+        ahead, pairs, speed = 0, 0, []
+        for (workload, _, rate), methods in cells.items():
+            mine, plain = methods.get(option, {}), methods.get(plain_method, {})
+            lower = workload != "cnn"  # perplexity: lower is better
+            for seed in sorted(set(mine) & set(plain)):
+                ratio = equal_bytes_ratio(mine[seed], plain[seed])
+                pairs += 1
+                ahead += ratio is not None and (ratio < 1 if lower else ratio > 1)
+            times = [[tta.time_to_target(r["history"], r["metric"], targets[workload]) for r in side.values()]
+                     for side in (mine, plain)]
+            if not rate.endswith("modelled") and times[0] and times[1] and None not in times[0] + times[1]:
+                speed.append(statistics.mean(times[0]) / statistics.mean(times[1]))
+        lines.append(f"| {option} | {ahead} of {pairs} | {mean_of(speed) if speed else '—'} |")
+    return "\n".join(lines)
+
+
+@block("density.phases")
+def density_phases(docs: Path) -> str:
+    """docs/tta_phases.jsonl: the training-phase options against the plain budget (:func:`steps_table`)."""
+    return steps_table(docs / PHASES, DENSE_REFERENCE, PLAIN)
+
+
+@block("density.phases_verdict")
+def density_phases_verdict(docs: Path) -> str:
+    """docs/tta_phases.jsonl: :func:`options_verdict` against the plain budget."""
+    return options_verdict(docs / PHASES, DENSE_REFERENCE, PLAIN)
+
+
+UNION = "tta_sim16.jsonl"
+
+
+@block("density.union")
+def density_union(docs: Path) -> str:
+    """docs/tta_sim16.jsonl: what the sparse exchange applies, on 16 simulated ranks (:func:`steps_table`)."""
+    return steps_table(docs / UNION, "none", PLAIN)
+
+
+@block("density.union_verdict")
+def density_union_verdict(docs: Path) -> str:
+    """docs/tta_sim16.jsonl: :func:`options_verdict` against the defaults."""
+    return options_verdict(docs / UNION, "none", PLAIN)
+
+
+LONG = "tta_lm400.jsonl"
+LONG_STEPS = (20, 50, 100, 200, 400)
+
+
+@block("density.long")
+def density_long(docs: Path) -> str:
+    """docs/tta_lm400.jsonl (the LM over 400 steps): per (P, link) and method, the mean held-out
+    perplexity over the seeds after each of :data:`LONG_STEPS` steps, and each method's over
+    dense's (FP16's steps) of the same seed, as the mean of the seeds' ratios."""
+    cells = phase_cells_of(docs / LONG)
+    lines = ["| P | link | method | " + " | ".join(f"after {n}" for n in LONG_STEPS) + " |",
+             "|---|---|---|" + "---|" * len(LONG_STEPS)]
+    for (_, ranks, rate), methods in cells.items():
+        dense = methods.get(DENSE_REFERENCE, {})
+        for method, seeds in methods.items():
+            cells_of = []
+            for n in LONG_STEPS:
+                def after(row: dict, n: int = n) -> float:
+                    return row["history"][n // LM_EVAL_EVERY - 1]["perplexity"]
+
+                values = [after(r) for r in seeds.values()]
+                ratios = [after(r) / after(dense[k]) for k, r in seeds.items() if k in dense]
+                cells_of.append(f"{statistics.mean(values):.2f}" + ("" if method == DENSE_REFERENCE or not ratios
+                                                                   else f" ({statistics.mean(ratios):.2f}×)"))
+            lines.append(f"| {ranks} | {rate} | {method} | " + " | ".join(cells_of) + " |")
+    seeds = sorted({k for m in cells.values() for s in m.values() for k in s})
+    lines.append(f"\nMean over seeds {', '.join(map(str, seeds))}; in brackets the mean of each seed's perplexity "
+                 f"over {DENSE_REFERENCE}'s (dense steps).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
 # the README's first screen: the shipped defaults against FP16, PowerSGD and dense
 # (docs/tta_density_pilot.jsonl; regenerated from whatever that file holds)
 
