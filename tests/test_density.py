@@ -98,6 +98,21 @@ def test_the_ramp_falls_as_dgc_by_a_quarter_of_its_steps_and_never_lowers_the_bu
     assert schedule(0.001, 40, 40, True) == DENSE, "a critical regime is sent dense"
 
 
+def test_a_level_the_ramp_forced_is_not_learned_from():
+    """The ramp's 0.2 (here 1 s a step, mostly its selection and union) would price every sparse
+    level and make dense the rule's choice after the ramp; its seconds are not recorded."""
+    d = Density(DENSE, WINDOW, seconds={DENSE: 0.5})
+    rows = {DENSE: [0.1, 0.5, 0.5, 1, 0], 0.2: [0.1, 1.0, 1.0, 1, 0], 0.005: [0.1, 0.02, 0.02, 1, 0]}
+    levels = []
+    for step in (6, 8, 40, 46):
+        d.measured = WINDOW
+        every = np.array([rows.get(d.level, rows[0.005])] * 2) * WINDOW
+        levels.append(d.decide(lambda local, every=every: every, wire_of, 0.5, step=step, ramp=40))
+    ruled = levels[-1]
+    assert levels[:2] == [0.2, 0.2] and ruled in LEVELS and ruled < 0.2, levels
+    assert 0.2 not in d.seconds and not d.forced, d.seconds
+
+
 def test_a_critical_regime_is_a_change_of_the_mean_gradient_norm_by_eta():
     """The ranks' mean ‖g‖ of successive windows: 1.0, 1.4 (+40 %), 2.2 (+57 %), 2.3 (+5 %),
     1.1 (-52 %); a 0.5 s dense step against 0.1 s of compute: sparse unless critical."""
@@ -117,10 +132,10 @@ def test_a_critical_regime_is_a_change_of_the_mean_gradient_norm_by_eta():
 
 
 def test_density_state_survives_its_state_dict():
-    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04}, 2.5, 0.7, True)
+    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04}, 2.5, 0.7, True, True)
     assert Density.from_state(d.state_dict()) == d
     before_links = {k: v for k, v in d.state_dict().items()
-                    if k not in ("link", "links", "norm", "last_norm", "critical")}
+                    if k not in ("link", "links", "norm", "last_norm", "critical", "forced")}
     assert Density.from_state(before_links) == Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.1)
     with pytest.raises(ValueError, match="saved density level 0.3"):
         Density.from_state({**d.state_dict(), "level": 0.3})
@@ -328,7 +343,7 @@ def adapter_ranks(request, tmp_path_factory):
         ranks = horovodrun("density_ranks.py", 2, "gloo", out, "horovod")
     else:
         ranks = torchrun("density_ranks.py", 2, out, request.param)
-    assert_equal(ranks[0]["scenarios"], ["tight", "loose"], f"{request.param}: the budgets run")
+    assert_equal(ranks[0]["scenarios"], ["tight", "loose", "ramped"], f"{request.param}: the scenarios run")
     return ranks
 
 
@@ -342,7 +357,10 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         assert tight["changes"] == 1 and tight["gather_bytes"] > 0
         assert loose["levels"] == [DENSE] * len(loose["levels"]) and loose["changes"] == 0
         assert loose["gather_bytes"] == 0 and loose["dense_bytes"] > 0
-    for label in ("tight", "loose"):
+        ramped = r["ramped"]["levels"]
+        assert ramped == [DENSE] * FIRST_DECISION + [0.05] * (len(ramped) - FIRST_DECISION), \
+            f"the ramp's 0.05 does not hold after the first window under the tight budget: {ramped}"
+    for label in ("tight", "loose", "ramped"):
         digests = [r[label]["digests"] for r in adapter_ranks]
         assert_ranks_agree(digests, f"{label}: the model's digest after each step")
         assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"

@@ -108,7 +108,10 @@ class Density:
     until agreed); seconds / links: level → agreed mean seconds of its engine step (t_x) and of
     its link (t_l); changes: how often the level changed; last_norm: the previous window's
     agreed mean gradient norm (None before one; ``critical`` only); critical: whether the last
-    window was a critical regime."""
+    window was a critical regime; forced: whether :attr:`level` is the schedule's rather than
+    the rule's (a forced sparse level's seconds are not recorded: a ramp's 0.2, whose selection
+    and union cost far more than the rule's levels, would otherwise price every sparse level;
+    a forced DENSE, with no selection in it, is)."""
 
     level: float = DENSE
     measured: int = -1  # the first step at a level is not measured
@@ -121,6 +124,7 @@ class Density:
     norm: float = 0.0
     last_norm: Optional[float] = None
     critical: bool = False
+    forced: bool = False
 
     @property
     def due(self) -> bool:
@@ -155,14 +159,16 @@ class Density:
         local = np.array([self.compute, self.exchange, self.link, self.measured, self.norm], dtype=np.float64)
         every = np.asarray(share(local), dtype=np.float64).reshape(-1, 5)
         steps = np.maximum(every[:, 3], 1.0)
-        self.seconds[self.level] = float((every[:, 1] / steps).min())
-        self.links[self.level] = float((every[:, 2] / steps).min())
-        chosen = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
+        if not self.forced or self.level == DENSE:  # a sparse level the schedule forced: not the rule's to learn
+            self.seconds[self.level] = float((every[:, 1] / steps).min())
+            self.links[self.level] = float((every[:, 2] / steps).min())
+        ruled = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
         if critical:
             norm = float((every[:, 4] / steps).mean())
             self.critical = self.last_norm is not None and abs(norm - self.last_norm) >= critical * self.last_norm
             self.last_norm = norm
-        chosen = schedule(chosen, step, ramp, self.critical)
+        chosen = schedule(ruled, step, ramp, self.critical)
+        self.forced = chosen != ruled
         if chosen != self.level:
             self.level, self.changes, self.measured = chosen, self.changes + 1, -1
         else:
@@ -174,6 +180,7 @@ class Density:
         """Forgets every measurement and starts at DENSE again (every rank alike)."""
         self.level, self.measured, self.compute, self.exchange, self.seconds = DENSE, -1, 0.0, 0.0, {}
         self.link, self.links, self.norm, self.last_norm, self.critical = 0.0, {}, 0.0, None, False
+        self.forced = False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain floats and ints (checkpoint-safe)."""
@@ -191,4 +198,4 @@ class Density:
                    float(state.get("link", state["exchange"])),
                    {float(k): float(v) for k, v in state.get("links", {}).items()},
                    float(state.get("norm", 0.0)), None if last is None else float(last),
-                   bool(state.get("critical", False)))
+                   bool(state.get("critical", False)), bool(state.get("forced", False)))

@@ -1419,6 +1419,33 @@ def density_phases_verdict(docs: Path) -> str:
     return options_verdict(docs / PHASES, DENSE_REFERENCE, PLAIN)
 
 
+@block("readme.steps")
+def readme_steps(docs: Path) -> str:
+    """The defaults' LM steps to the target over dense's (docs/tta_phases.jsonl, mean over the
+    seeds of each seed's ratio) per (P, link), and the range of their perplexity over dense's
+    along the 400-step runs (docs/tta_lm400.jsonl)."""
+    parts, links, seeds = [], set(), set()
+    for (_, ranks, rate), methods in phase_cells_of(docs / PHASES).items():
+        plain, dense = methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})
+        both = [k for k in sorted(set(plain) & set(dense)) if steps_to_target(plain[k]) and steps_to_target(dense[k])]
+        if both:
+            ratio = statistics.mean(steps_to_target(plain[k]) / steps_to_target(dense[k]) for k in both)
+            parts.append(f"{ratio:.2f}× ({ranks} ranks)")
+            links.add(LINKS.get(rate, rate))
+            seeds.add(len(both))
+    spans, long_ranks, steps = [], set(), 0
+    for (_, ranks, _), methods in phase_cells_of(docs / LONG).items():
+        plain, dense = methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})
+        for k in sorted(set(plain) & set(dense)):
+            spans += [a["perplexity"] / b["perplexity"] for a, b in zip(plain[k]["history"], dense[k]["history"])]
+            long_ranks.add(ranks)
+            steps = max(steps, len(plain[k]["history"]) * LM_EVAL_EVERY)
+    return (f"the LM reached perplexity 20 in {' and '.join(parts)} dense's steps on {', '.join(sorted(links))} "
+            f"({', '.join(map(str, sorted(seeds)))} seeds each); over {steps} steps "
+            f"({', '.join(map(str, sorted(long_ranks)))} ranks) its perplexity stayed "
+            f"{min(spans):.2f}–{max(spans):.2f}× dense's")
+
+
 UNION = "tta_sim16.jsonl"
 
 
@@ -1441,11 +1468,11 @@ LONG_STEPS = (20, 50, 100, 200, 400)
 @block("density.long")
 def density_long(docs: Path) -> str:
     """docs/tta_lm400.jsonl (the LM over 400 steps): per (P, link) and method, the mean held-out
-    perplexity over the seeds after each of :data:`LONG_STEPS` steps, and each method's over
-    dense's (FP16's steps) of the same seed, as the mean of the seeds' ratios."""
+    perplexity over the seeds after each of :data:`LONG_STEPS` steps, each method's over dense's
+    (FP16's steps) of the same seed as the mean of the seeds' ratios, and the mean seconds."""
     cells = phase_cells_of(docs / LONG)
-    lines = ["| P | link | method | " + " | ".join(f"after {n}" for n in LONG_STEPS) + " |",
-             "|---|---|---|" + "---|" * len(LONG_STEPS)]
+    lines = ["| P | link | method | " + " | ".join(f"after {n}" for n in LONG_STEPS) + " | seconds, all steps |",
+             "|---|---|---|" + "---|" * (len(LONG_STEPS) + 1)]
     for (_, ranks, rate), methods in cells.items():
         dense = methods.get(DENSE_REFERENCE, {})
         for method, seeds in methods.items():
@@ -1458,10 +1485,12 @@ def density_long(docs: Path) -> str:
                 ratios = [after(r) / after(dense[k]) for k, r in seeds.items() if k in dense]
                 cells_of.append(f"{statistics.mean(values):.2f}" + ("" if method == DENSE_REFERENCE or not ratios
                                                                    else f" ({statistics.mean(ratios):.2f}×)"))
-            lines.append(f"| {ranks} | {rate} | {method} | " + " | ".join(cells_of) + " |")
+            seconds = statistics.mean(r["history"][-1]["seconds"] for r in seeds.values())
+            lines.append(f"| {ranks} | {rate} | {method} | " + " | ".join(cells_of) + f" | {seconds:.0f} |")
     seeds = sorted({k for m in cells.values() for s in m.values() for k in s})
-    lines.append(f"\nMean over seeds {', '.join(map(str, seeds))}; in brackets the mean of each seed's perplexity "
-                 f"over {DENSE_REFERENCE}'s (dense steps).")
+    lines.append(f"\nHeld-out perplexity after each number of steps, mean over seeds {', '.join(map(str, seeds))}; "
+                 f"in brackets the mean of each seed's perplexity over {DENSE_REFERENCE}'s (dense steps); "
+                 "training seconds to the last evaluation, evaluations included.")
     return "\n".join(lines)
 
 

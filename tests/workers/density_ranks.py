@@ -5,10 +5,12 @@ the model after it.
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR horovod [NAME ...]
     torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py OUT_DIR {ddp,fsdp} [NAME ...]
 
-Two budgets, the scenarios (NAME: ``tight``, ``loose``; none: both; results under
-``result[NAME]``), make the rule's choice independent of the machine's timings: ``tight``,
-``budget=1e-9`` (no level fits: the sparsest after the first window) and ``loose``,
-``budget=1e6`` (dense fits: stays dense). E.g. the tight budget under DDP alone:
+Budgets make the rule's choice independent of the machine's timings; the scenarios (NAME:
+``tight``, ``loose``, ``ramped``; none: all; results under ``result[NAME]``): ``tight``,
+``budget=1e-9`` (no level fits: the sparsest after the first window), ``loose``, ``budget=1e6``
+(dense fits: stays dense), and ``ramped``, the tight budget with ``ramp=16`` and
+``critical=0.5`` (the ramp's 0.05 after the first window; the gradient norms measured and
+agreed). E.g. the tight budget under DDP alone:
 
     torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py /tmp/out ddp tight
 """
@@ -22,7 +24,8 @@ from rank_result import write_result
 from scenario import Scenarios
 
 STEPS = 12
-BUDGETS = {"tight": 1e-9, "loose": 1e6}
+OPTIONS = {"tight": {"budget": 1e-9}, "loose": {"budget": 1e6},
+           "ramped": {"budget": 1e-9, "ramp": 16, "critical": 0.5}}
 
 
 def mlp() -> torch.nn.Sequential:
@@ -59,7 +62,7 @@ def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int, s
 
 
 def horovod():
-    """Horovod's DistributedOptimizer with GsSketch: (this rank, a run for one budget)."""
+    """Horovod's DistributedOptimizer with GsSketch: (this rank, a run for one scenario's options)."""
     import horovod.torch as hvd
 
     from gs_horovod.torch import GsSketch
@@ -72,9 +75,9 @@ def horovod():
             self.handed.append((str(payload.dtype), payload.numel()))
             return payload, ctx
 
-    def run(budget: float) -> dict:
+    def run(options: dict) -> dict:
         model = mlp()
-        gs = Payloads(min_size=64, budget=budget)
+        gs = Payloads(min_size=64, **options)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), compression=gs)
         handed, errors = [], []
@@ -93,7 +96,7 @@ def horovod():
                 opt.step()
             handed.append(sorted(gs.handed))
         model = mlp()
-        gs = GsSketch(min_size=64, budget=budget)
+        gs = GsSketch(min_size=64, **options)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), compression=gs)
         return {**train(model, opt, hvd.rank(), gs.stats, params), "handed": handed, "errors": errors}
@@ -103,15 +106,15 @@ def horovod():
 
 
 def ddp():
-    """DDP with GsState's hook: (this rank, a run for one budget)."""
+    """DDP with GsState's hook: (this rank, a run for one scenario's options)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from gs_horovod.ddp import GsState, gs_hook
 
-    def run(budget: float) -> dict:
+    def run(options: dict) -> dict:
         model = DistributedDataParallel(mlp(), bucket_cap_mb=0.01)  # buckets of 2,500 floats: 3 buckets
-        state = GsState(model=model, min_size=64, budget=budget)
+        state = GsState(model=model, min_size=64, **options)
         model.register_comm_hook(state, gs_hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         out = train(model, opt, dist.get_rank(), state.stats, params)
@@ -123,19 +126,19 @@ def ddp():
 
 
 def fsdp():
-    """FSDP2 (HSDP mesh, one shard per replicate) with GsFsdpState: (this rank, a run for one budget)."""
+    """FSDP2 (HSDP mesh, one shard per replicate) with GsFsdpState: (this rank, a run for one scenario's options)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from gs_horovod.fsdp import GsFsdpState, register_fsdp_hooks
 
-    def run(budget: float) -> dict:
+    def run(options: dict) -> dict:
         model = mlp()
         for layer in (model[0], model[2], model[4]):
             fully_shard(layer, mesh=mesh["shard"])
         fully_shard(model, mesh=mesh["shard"])
-        state = GsFsdpState(mesh.get_group("replicate"), model=model, min_size=64, budget=budget)
+        state = GsFsdpState(mesh.get_group("replicate"), model=model, min_size=64, **options)
         register_fsdp_hooks(model, state)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         return train(model, opt, dist.get_rank(), state.stats, full_params)
@@ -150,12 +153,17 @@ SCENARIOS = Scenarios()
 
 @SCENARIOS
 def tight(result: dict, run) -> None:
-    result["tight"] = run(BUDGETS["tight"])
+    result["tight"] = run(OPTIONS["tight"])
 
 
 @SCENARIOS
 def loose(result: dict, run) -> None:
-    result["loose"] = run(BUDGETS["loose"])
+    result["loose"] = run(OPTIONS["loose"])
+
+
+@SCENARIOS
+def ramped(result: dict, run) -> None:
+    result["ramped"] = run(OPTIONS["ramped"])
 
 
 def main(out_dir: str, adapter: str, *names: str) -> None:
