@@ -360,6 +360,10 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         ramped = r["ramped"]["levels"]
         assert ramped == [DENSE] * FIRST_DECISION + [0.05] * (len(ramped) - FIRST_DECISION), \
             f"the ramp's 0.05 does not hold after the first window under the tight budget: {ramped}"
+        assert r["tight"]["last_norm"] is None, "the gradient norm is measured without critical"
+    norms = [r["ramped"]["last_norm"] for r in adapter_ranks]
+    assert norms[0] is not None and norms[0] > 0 and len(set(norms)) == 1, \
+        f"the ranks' first window's mean gradient norm under critical: {norms}"
     for label in ("tight", "loose", "ramped"):
         digests = [r[label]["digests"] for r in adapter_ranks]
         assert_ranks_agree(digests, f"{label}: the model's digest after each step")

@@ -63,8 +63,9 @@ class GsConfig:
         steps (:func:`~gs_horovod.engine.density.ramp_floor`: at least 0.2, 0.05, 0.02, then 0.005
         of D a quarter each); 0: off. An error with an explicit ``ratio`` or ``k``.
     critical: under ``ratio="auto"``, Accordion's threshold η (its authors' 0.5): a window whose
-        mean gradient norm changed by at least η relative to the previous window's is a critical
-        regime and the next window is sent dense; 0: off. An error with an explicit ``ratio`` or ``k``.
+        mean gradient norm (the ranks' mean of their own ‖g‖; under FSDP2 of their shards, over
+        the replicas) changed by at least η relative to the previous window's is a critical regime
+        and the next window is sent dense; 0: off. An error with an explicit ``ratio`` or ``k``.
     rows: sketch rows r (odd gives a clean median).
     width: sketch columns per row as a multiple of k, at least 1: cols = ceil(width · k).
     candidates: m; the exchange nominates m·k coordinates and the exact round picks k of them

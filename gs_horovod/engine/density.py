@@ -165,7 +165,8 @@ class Density:
         ruled = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
         if critical:
             norm = float((every[:, 4] / steps).mean())
-            self.critical = self.last_norm is not None and abs(norm - self.last_norm) >= critical * self.last_norm
+            last = self.last_norm
+            self.critical = last is not None and norm != last and abs(norm - last) >= critical * last
             self.last_norm = norm
         chosen = schedule(ruled, step, ramp, self.critical)
         self.forced = chosen != ruled

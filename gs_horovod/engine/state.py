@@ -240,7 +240,7 @@ class EngineState:
         """After a step of ``plan`` over ``grads``: the density's measurement (compute from the last
         step's end ``ended`` to ``begun``, exchange from ``started`` to now, the link from ``linked``,
         the first gradient of a step whose allreduces ran beside backward, to now; ‖g‖ under
-        ``critical``) and, at a window's end, its next level (decided now, so that the next step's
+        ``critical``, 0 for a skipped step) and, at a window's end, its next level (decided now, so that the next step's
         first record knows it); the counts; the new state unless the step was skipped. Returns each
         tensor's update, a view of the flat one."""
         config, density, ops = self.sgd.config, self.density, self.ops
@@ -251,9 +251,9 @@ class EngineState:
             self._ended = self.clock()
             density.observe(None if ended is None or begun is None else begun - ended, self._ended - started,
                             None if linked is None else self._ended - linked,
-                            self._norm(grads) if config.critical else 0.0)
+                            self._norm(grads) if config.critical and bool(result.applied) else 0.0)
             if density.due:
-                self._decide(named, int(result.steps) if bool(result.applied) else self.steps)
+                self._decide(named, int(result.steps))
             self.stats.density, self.stats.density_changes = plan.level, density.changes
         self.stats.add(plan, config, warm or not plan.groups, bool(result.applied), (result.routed, result.gathered))
         if result.applied:
@@ -262,14 +262,17 @@ class EngineState:
         return {n: ops.slice(result.update, o, d) for n, o, d in zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
 
     def _decide(self, named: list[tuple[str, int]], steps: Optional[int] = None) -> None:
-        """Ends the density's window (collective): its next level at ``steps`` applied (None: :attr:`steps`)."""
+        """Ends the density's window (collective): its next level at ``steps`` applied (None: the
+        steps so far, restored ones not laid out yet included)."""
         config = self.sgd.config
+        if steps is None:
+            steps = max([self.steps, *(saved["steps"] for saved in self.pending.values())])
         self.density.decide(self._share, lambda level: self._wire(named, level), config.budget_or_default,
-                            self.steps if steps is None else steps, config.ramp, config.critical)
+                            steps, config.ramp, config.critical)
 
     def _norm(self, grads: list[Array]) -> float:
-        """‖g‖ of this step's gradients ``grads`` (each (d,) f32), as a host float."""
-        return float(sum(float(self.ops.sum_squares(g)) for g in grads)) ** 0.5
+        """‖g‖ of this step's gradients ``grads`` (each (d,) f32), as a host float (one sync)."""
+        return float(sum(self.ops.sum_squares(g) for g in grads)) ** 0.5
 
     def _share(self, local: np.ndarray) -> np.ndarray:
         """Every rank's ``local`` (n,) as (P, n) float32, the same on every rank (one allgather)."""

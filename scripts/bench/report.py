@@ -1384,7 +1384,7 @@ def options_verdict(path: Path, dense_method: str, plain_method: str) -> str:
     """Per method of a time-to-accuracy file other than ``plain_method`` and ``dense_method``: in
     how many (setting, seed) pairs its metric at equal cumulative wire bytes beat
     ``plain_method``'s, and, on real links, its seconds to the target over ``plain_method``'s
-    (mean of the settings' means)."""
+    (mean of the settings' means, over the settings where every seed of both reached it)."""
     targets = tta.targets_of([])
     cells = phase_cells_of(path)
     options = [m for m in dict.fromkeys(m for c in cells.values() for m in c) if m not in (plain_method, dense_method)]
@@ -1394,9 +1394,9 @@ def options_verdict(path: Path, dense_method: str, plain_method: str) -> str:
         ahead, pairs, speed = 0, 0, []
         for (workload, _, rate), methods in cells.items():
             mine, plain = methods.get(option, {}), methods.get(plain_method, {})
-            lower = workload != "cnn"  # perplexity: lower is better
             for seed in sorted(set(mine) & set(plain)):
                 ratio = equal_bytes_ratio(mine[seed], plain[seed])
+                lower = mine[seed]["metric"] == "perplexity"  # lower is better
                 pairs += 1
                 ahead += ratio is not None and (ratio < 1 if lower else ratio > 1)
             times = [[tta.time_to_target(r["history"], r["metric"], targets[workload]) for r in side.values()]
@@ -1478,6 +1478,10 @@ def density_long(docs: Path) -> str:
         for method, seeds in methods.items():
             cells_of = []
             for n in LONG_STEPS:
+                if any(len(r["history"]) * LM_EVAL_EVERY < n for r in seeds.values()):
+                    cells_of.append("—")
+                    continue
+
                 def after(row: dict, n: int = n) -> float:
                     return row["history"][n // LM_EVAL_EVERY - 1]["perplexity"]
 

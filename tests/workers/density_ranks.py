@@ -99,7 +99,9 @@ def horovod():
         gs = GsSketch(min_size=64, **options)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), compression=gs)
-        return {**train(model, opt, hvd.rank(), gs.stats, params), "handed": handed, "errors": errors}
+        out = train(model, opt, hvd.rank(), gs.stats, params)
+        (engine, _), = gs._states.values()  # one optimizer's EngineState
+        return {**out, "handed": handed, "errors": errors, "last_norm": engine.density.last_norm}
 
     hvd.init()
     return hvd.rank(), run
@@ -119,7 +121,7 @@ def ddp():
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         out = train(model, opt, dist.get_rank(), state.stats, params)
         state.comm.traffic.end_step()  # the collectives of the whole run (DDP's GsState does not end steps)
-        return {**out, "collectives": state.comm.traffic.last_step}
+        return {**out, "collectives": state.comm.traffic.last_step, "last_norm": state.engine.density.last_norm}
 
     dist.init_process_group("gloo")
     return dist.get_rank(), run
@@ -141,7 +143,8 @@ def fsdp():
         state = GsFsdpState(mesh.get_group("replicate"), model=model, min_size=64, **options)
         register_fsdp_hooks(model, state)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        return train(model, opt, dist.get_rank(), state.stats, full_params)
+        return {**train(model, opt, dist.get_rank(), state.stats, full_params),
+                "last_norm": state.engine.density.last_norm}
 
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("replicate", "shard"))
