@@ -126,16 +126,16 @@ def test_a_critical_regime_is_a_change_of_the_mean_gradient_norm_by_eta():
         assert d.last_norm == pytest.approx(norm)
     sparse = levels[0]
     assert sparse in LEVELS and levels == [sparse, sparse, DENSE, sparse, DENSE], levels
-    assert d.critical and Density.from_state(d.state_dict()) == d
+    assert d.forced and Density.from_state(d.state_dict()) == d  # the last DENSE is the regime's, not the rule's
     d.restart()
-    assert d.last_norm is None and not d.critical and d.norm == 0.0
+    assert d.last_norm is None and not d.forced and d.norm == 0.0
 
 
 def test_density_state_survives_its_state_dict():
-    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04}, 2.5, 0.7, True, True)
+    d = Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.3, {DENSE: 0.9, 0.02: 0.04}, 2.5, 0.7, True)
     assert Density.from_state(d.state_dict()) == d
     before_links = {k: v for k, v in d.state_dict().items()
-                    if k not in ("link", "links", "norm", "last_norm", "critical", "forced")}
+                    if k not in ("link", "links", "norm", "last_norm", "forced")}
     assert Density.from_state(before_links) == Density(0.02, 3, 0.4, 0.1, {DENSE: 0.5, 0.02: 0.04}, 1, 0.1)
     with pytest.raises(ValueError, match="saved density level 0.3"):
         Density.from_state({**d.state_dict(), "level": 0.3})

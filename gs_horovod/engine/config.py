@@ -220,7 +220,8 @@ class GsConfig:
     @property
     def measured_options(self) -> list[str]:
         """The options given that steer the measured density (``budget``, ``ramp``, ``critical``)."""
-        return [name for name, off in (("budget", None), ("ramp", 0), ("critical", 0.0)) if getattr(self, name) != off]
+        return [f.name for f in fields(self)
+                if f.name in ("budget", "ramp", "critical") and getattr(self, f.name) != f.default]
 
     @property
     def budget_or_default(self) -> float:

@@ -107,11 +107,10 @@ class Density:
     link / norm: this rank's summed seconds of those steps and gradient norms ‖g‖ (its own,
     until agreed); seconds / links: level → agreed mean seconds of its engine step (t_x) and of
     its link (t_l); changes: how often the level changed; last_norm: the previous window's
-    agreed mean gradient norm (None before one; ``critical`` only); critical: whether the last
-    window was a critical regime; forced: whether :attr:`level` is the schedule's rather than
-    the rule's (a forced sparse level's seconds are not recorded: a ramp's 0.2, whose selection
-    and union cost far more than the rule's levels, would otherwise price every sparse level;
-    a forced DENSE, with no selection in it, is)."""
+    agreed mean gradient norm (None before one; ``critical`` only); forced: whether
+    :attr:`level` is the schedule's rather than the rule's (a forced sparse level's seconds are
+    not recorded: a ramp's 0.2, whose selection and union cost far more than the rule's levels,
+    would otherwise price every sparse level; a forced DENSE, with no selection in it, is)."""
 
     level: float = DENSE
     measured: int = -1  # the first step at a level is not measured
@@ -123,7 +122,6 @@ class Density:
     links: dict[float, float] = field(default_factory=dict)
     norm: float = 0.0
     last_norm: Optional[float] = None
-    critical: bool = False
     forced: bool = False
 
     @property
@@ -163,12 +161,12 @@ class Density:
             self.seconds[self.level] = float((every[:, 1] / steps).min())
             self.links[self.level] = float((every[:, 2] / steps).min())
         ruled = choose(budget, float((every[:, 0] / steps).max()), self.seconds, wire, self.links)
+        regime = False  # Accordion's critical regime
         if critical:
-            norm = float((every[:, 4] / steps).mean())
-            last = self.last_norm
-            self.critical = last is not None and norm != last and abs(norm - last) >= critical * last
+            norm, last = float((every[:, 4] / steps).mean()), self.last_norm
+            regime = last is not None and norm != last and abs(norm - last) >= critical * last
             self.last_norm = norm
-        chosen = schedule(ruled, step, ramp, self.critical)
+        chosen = schedule(ruled, step, ramp, regime)
         self.forced = chosen != ruled
         if chosen != self.level:
             self.level, self.changes, self.measured = chosen, self.changes + 1, -1
@@ -180,8 +178,7 @@ class Density:
     def restart(self) -> None:
         """Forgets every measurement and starts at DENSE again (every rank alike)."""
         self.level, self.measured, self.compute, self.exchange, self.seconds = DENSE, -1, 0.0, 0.0, {}
-        self.link, self.links, self.norm, self.last_norm, self.critical = 0.0, {}, 0.0, None, False
-        self.forced = False
+        self.link, self.links, self.norm, self.last_norm, self.forced = 0.0, {}, 0.0, None, False
 
     def state_dict(self) -> dict[str, Any]:
         """Plain floats and ints (checkpoint-safe)."""
@@ -199,4 +196,4 @@ class Density:
                    float(state.get("link", state["exchange"])),
                    {float(k): float(v) for k, v in state.get("links", {}).items()},
                    float(state.get("norm", 0.0)), None if last is None else float(last),
-                   bool(state.get("critical", False)), bool(state.get("forced", False)))
+                   bool(state.get("forced", False)))

@@ -240,9 +240,9 @@ class EngineState:
         """After a step of ``plan`` over ``grads``: the density's measurement (compute from the last
         step's end ``ended`` to ``begun``, exchange from ``started`` to now, the link from ``linked``,
         the first gradient of a step whose allreduces ran beside backward, to now; ‖g‖ under
-        ``critical``, 0 for a skipped step) and, at a window's end, its next level (decided now, so that the next step's
-        first record knows it); the counts; the new state unless the step was skipped. Returns each
-        tensor's update, a view of the flat one."""
+        ``critical``, 0 for a skipped step) and, at a window's end, its next level (decided now, so
+        that the next step's first record knows it); the counts; the new state unless the step was
+        skipped. Returns each tensor's update, a view of the flat one."""
         config, density, ops = self.sgd.config, self.density, self.ops
         warm = self.steps < config.warmup_steps
         self.checked = True

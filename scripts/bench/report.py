@@ -1352,6 +1352,16 @@ def mean_of(values: list[float | None]) -> str:
         f"{statistics.mean(kept):.2f} ({len(kept)} of {len(values)})"
 
 
+def steps_over_dense(seeds: dict[int, dict], dense: dict[int, dict]) -> dict[int, float | None]:
+    """Per seed of ``seeds`` (seed → row): its LM steps to the target over ``dense``'s row of the
+    same seed (:func:`steps_to_target`); None where either did not reach it or dense has no row."""
+    out: dict[int, float | None] = {}
+    for seed in sorted(seeds):
+        mine, theirs = steps_to_target(seeds[seed]), steps_to_target(dense[seed]) if seed in dense else None
+        out[seed] = None if mine is None or theirs is None else mine / theirs
+    return out
+
+
 def steps_table(path: Path, dense_method: str, plain_method: str) -> str:
     """Per (workload, P, link) and method of a time-to-accuracy file, means over the seeds: the
     LM's steps and seconds to its target (no seconds on modelled links), steps over
@@ -1369,8 +1379,7 @@ def steps_table(path: Path, dense_method: str, plain_method: str) -> str:
             steps = [steps_to_target(r) for r in rows]
             seconds = [None if rate.endswith("modelled") else
                        tta.time_to_target(r["history"], r["metric"], targets[workload]) for r in rows]
-            over = [None if s is None or seed not in dense or steps_to_target(dense[seed]) is None
-                    else s / steps_to_target(dense[seed]) for seed, s in zip(sorted(seeds), steps)]
+            over = list(steps_over_dense(seeds, dense).values())
             equal = [equal_bytes_ratio(seeds[k], plain[k]) if k in plain else None for k in sorted(seeds)]
             each = ", ".join("—" if e is None else f"{e:.3f}" for e in equal)
             megabytes = statistics.mean(r["history"][-1]["wire_bytes"] for r in rows) / 1e6
@@ -1421,18 +1430,17 @@ def density_phases_verdict(docs: Path) -> str:
 
 @block("readme.steps")
 def readme_steps(docs: Path) -> str:
-    """The defaults' LM steps to the target over dense's (docs/tta_phases.jsonl, mean over the
-    seeds of each seed's ratio) per (P, link), and the range of their perplexity over dense's
-    along the 400-step runs (docs/tta_lm400.jsonl)."""
+    """The defaults' LM steps to the target over dense's (docs/tta_phases.jsonl, the mean and
+    range over the seeds of each seed's ratio) per (P, link), and the range of their perplexity
+    over dense's along the 400-step runs (docs/tta_lm400.jsonl)."""
     parts, links, seeds = [], set(), set()
     for (_, ranks, rate), methods in phase_cells_of(docs / PHASES).items():
-        plain, dense = methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})
-        both = [k for k in sorted(set(plain) & set(dense)) if steps_to_target(plain[k]) and steps_to_target(dense[k])]
-        if both:
-            ratio = statistics.mean(steps_to_target(plain[k]) / steps_to_target(dense[k]) for k in both)
-            parts.append(f"{ratio:.2f}× ({ranks} ranks)")
+        ratios = [r for r in steps_over_dense(methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})).values()
+                  if r is not None]
+        if ratios:
+            parts.append(f"{statistics.mean(ratios):.2f}× ({ranks} ranks; seeds {min(ratios):.2f}–{max(ratios):.2f}×)")
             links.add(LINKS.get(rate, rate))
-            seeds.add(len(both))
+            seeds.add(len(ratios))
     spans, long_ranks, steps = [], set(), 0
     for (_, ranks, _), methods in phase_cells_of(docs / LONG).items():
         plain, dense = methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})
@@ -1440,8 +1448,8 @@ def readme_steps(docs: Path) -> str:
             spans += [a["perplexity"] / b["perplexity"] for a, b in zip(plain[k]["history"], dense[k]["history"])]
             long_ranks.add(ranks)
             steps = max(steps, len(plain[k]["history"]) * LM_EVAL_EVERY)
-    return (f"the LM reached perplexity 20 in {' and '.join(parts)} dense's steps on {', '.join(sorted(links))} "
-            f"({', '.join(map(str, sorted(seeds)))} seeds each); over {steps} steps "
+    return (f"the LM reached perplexity 20 in a mean of {' and '.join(parts)} dense's steps on "
+            f"{', '.join(sorted(links))} ({', '.join(map(str, sorted(seeds)))} seeds each); over {steps} steps "
             f"({', '.join(map(str, sorted(long_ranks)))} ranks) its perplexity stayed "
             f"{min(spans):.2f}–{max(spans):.2f}× dense's")
 
