@@ -89,3 +89,13 @@ def test_method_flags_go_to_gs_or_to_the_baseline_with_the_ratio_only_where_k_is
     assert tta.method_args("gs:ramp=24", 0.01)[1] == ["--compression", "gs", "--gs", "ramp=24"], \
         "a variant of the defaults' measured density got a ratio"
     assert tta.method_args("gs:critical=0.5,budget=0.2", 0.01)[1][-1] == "budget=0.2"
+
+
+def test_a_warmup_run_is_kept_on_record_but_never_counted(tmp_path):
+    target = tta.WORKLOADS["cnn"][3]
+    rows = [{**row(99.0, target + 0.01), "warmup": True}, row(10.0, target + 0.01)]
+    path = tmp_path / "tta.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counted = tta.read_rows(path)
+    assert len(counted) == 1 and "warmup" not in counted[0]
+    assert tta.summarise(counted, tta.targets_of([]))[0]["mean_seconds"] == 10.0

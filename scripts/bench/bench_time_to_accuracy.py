@@ -17,7 +17,9 @@ its options, the seed (the repeat), the held-out metric after every evaluation w
 training seconds at that point (evaluation included) and the wire bytes through a rank so far,
 and bytes per step. A run that fails
 is written as a row with ``failed`` (its exit status and the end of its stderr), the study goes
-on, and ``run`` exits 1 at the end. An existing ``--out`` is refused (exit 1, nothing run) unless
+on, and ``run`` exits 1 at the end. With ``--warmup``, each (workload, ranks, rate) first trains
+its first method once more (seed 0), written with ``"warmup": true`` and never counted (the
+link's and the page cache's first use). An existing ``--out`` is refused (exit 1, nothing run) unless
 ``--append`` is given; every row carries ``run_id`` (one per invocation, :mod:`gs_bench.runs`) and
 ``code`` (the commit). ``--simulated`` runs each training as ``--simulated-ranks P
 --simulated-link RATE`` in one process instead (no shaping, no mpirun; for steps and bytes).
@@ -131,10 +133,14 @@ def run(args: argparse.Namespace) -> None:
     """The study: every row appended to ``args.out`` with this invocation's :func:`gs_bench.runs.stamp`;
     an existing ``args.out`` is refused unless ``args.append``."""
     check_out(args.out, args.append)
-    methods, failures, run_fields = list(args.methods), 0, stamp()
+    methods, failures, run_fields, warmed = list(args.methods), 0, stamp(), set()
     for repeat in range(args.repeats):
         order = methods[repeat % len(methods):] + methods[:repeat % len(methods)]
         for workload, ranks, rate, variant in itertools.product(args.workloads, args.ranks, args.rates, order):
+            if args.warmup and (workload, ranks, rate) not in warmed:
+                warmed.add((workload, ranks, rate))
+                append_line(args.out, {**one_run(workload, ranks, rate, variant, 0, args), **run_fields,
+                                       "warmup": True})
             row = {**one_run(workload, ranks, rate, variant, repeat, args), **run_fields}
             append_line(args.out, row)
             where = f"{workload} P={ranks} {rate} {row['method']} repeat {repeat}"
@@ -159,9 +165,12 @@ def setting_of(row: dict[str, Any]) -> Optional[tuple]:
 
 
 def read_rows(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The rows of a ``run`` file, one per :func:`setting_of`: the latest run's where appended
-    runs repeat one (:func:`gs_bench.runs.latest_runs`, which says on stderr which it used)."""
+    """The rows of a ``run`` file but its warm-up runs, one per :func:`setting_of`: the latest
+    run's where appended runs repeat one (:func:`gs_bench.runs.latest_runs`, which says on stderr
+    which it used)."""
     rows, where = read_jsonl([path])
+    counted = [i for i, row in enumerate(rows) if not row.get("warmup")]
+    rows, where = [rows[i] for i in counted], [where[i] for i in counted]
     return latest_runs(rows, setting_of, where, lambda r: "{} P={} {} {} seed {}".format(*setting_of(r) or ()))
 
 
@@ -263,6 +272,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=["gs", "gs:exchange=sketch", "gtopk", "topk", "powersgd:rank=1", "fp16", "none"])
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--ratio", type=float, default=0.01)
+    r.add_argument("--warmup", action="store_true",
+                   help="one uncounted run (the first method, seed 0) before each setting's first")
     r.add_argument("--simulated", action="store_true",
                    help="P ranks simulated in one process on a modelled link at each rate (rate 'R modelled' in "
                         "the rows; their seconds are the process's, P ranks' compute in turn: steps and bytes only)")
