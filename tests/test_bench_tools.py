@@ -319,3 +319,25 @@ def test_time_to_accuracy_run_refuses_or_appends_with_a_run_id(tmp_path: Path, m
     assert [(r["method"], r["seed"]) for r in rows] == [("gs", 0), ("topk", 0), ("topk", 1), ("gs", 1)]
     assert len({r["run_id"] for r in rows}) == 1 and RUN_ID.fullmatch(rows[0]["run_id"])
     assert all(r["code"] == runs.code_version() for r in rows)
+
+
+def test_time_to_accuracy_warmup_trains_each_setting_once_more_uncounted(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --warmup`` (trainings replaced by a stand-in): one extra training of the first method
+    (seed 0) before each setting's first run, written with ``warmup``, and none in later repeats;
+    ``read_rows`` returns the counted rows only, without calling them repeats of one another."""
+    def one_run(workload: str, ranks: int, rate: str, variant: str, repeat: int, args: Any) -> dict:
+        return {"workload": workload, "ranks": ranks, "rate": rate, "method": variant, "repeat": repeat,
+                "seed": repeat, "metric": "accuracy", "history": [{"seconds": 1.0, "accuracy": 0.95}],
+                "bytes_per_step": 10}
+
+    monkeypatch.setattr(tta, "one_run", one_run)
+    out = tmp_path / "tta.jsonl"
+    tta.main(["run", "--out", str(out), "--workloads", "cnn", "--ranks", "2", "4", "--rates", "1gbit",
+              "--methods", "gs", "topk", "--repeats", "2", "--warmup"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["ranks"], r["method"], r["seed"], r.get("warmup", False)) for r in rows] == [
+        (2, "gs", 0, True), (2, "gs", 0, False), (2, "topk", 0, False),
+        (4, "gs", 0, True), (4, "gs", 0, False), (4, "topk", 0, False),
+        (2, "topk", 1, False), (2, "gs", 1, False), (4, "topk", 1, False), (4, "gs", 1, False)]
+    assert not any(r.get("warmup") for r in tta.read_rows(out)) and len(tta.read_rows(out)) == 8

@@ -187,7 +187,7 @@ def test_the_readme_is_one_screen_with_the_calls_the_results_and_the_plot() -> N
     for needle in ("bash scripts/run_demo.sh", "bash scripts/run_tests.sh", "hvd.DistributedOptimizer(",
                    "compression=GsSketch", "register_comm_hook(GsState(", "register_fsdp_hooks(",
                    "<!-- report:readme.results -->", "<!-- /report:readme.results -->",
-                   "](docs/tta_density_pilot.png)"):
+                   "](docs/tta_defaults.png)"):
         assert needle in first, needle
     when = first[first.index("**When to use it, when not**"):]
     assert 1 <= len([line for line in when.splitlines() if line.startswith("- ")]) <= 5

@@ -199,36 +199,43 @@ def pilot_row(workload: str, ranks: int, rate: str, method: str, seconds: float 
             "run_id": f"r{seed}"}
 
 
-def test_the_readme_table_and_plot_follow_whatever_the_pilot_file_holds(copy: Path,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """A rerun pilot (two seeds, one setting per link) in docs/tta_density_pilot.jsonl: ``--check``
-    names the README's table and the plot as stale; a rewrite puts the new seconds, bytes,
-    repeats and code version in the table, the new ranges in the when-to-use lines and a new
-    stamp in the PNG, and the check passes again."""
-    rows = []
+def test_the_readme_table_and_plot_follow_the_study_then_the_pilot(copy: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A rerun study (two seeds, one setting) in docs/tta_defaults.jsonl and a pilot holding that
+    setting and another: ``--check`` names the README's table and the plot as stale; a rewrite
+    takes the study's setting from the study (not the pilot's row of it) and the other from the
+    pilot, with each file's repeats and code version, the fastest of every method, the new
+    ranges in the when-to-use lines and a new stamp in the PNG; the check passes again."""
+    study = []
     for seed in (0, 1):
-        rows += [pilot_row("cnn", 8, "100mbit", "gs", 10.0 + seed, seed, 2e5),
-                 pilot_row("cnn", 8, "100mbit", "fp16", 30.0, seed, 1.6e6),
-                 pilot_row("cnn", 8, "100mbit", "none", 40.0 + 2 * seed, seed, 3.3e6),
-                 pilot_row("cnn", 8, "100mbit", "powersgd:rank=1", None, seed, 2e4),
-                 pilot_row("cnn", 8, "10gbit", "gs", 6.0, seed, 1.6e6),
-                 pilot_row("cnn", 8, "10gbit", "fp16", 4.0, seed, 1.6e6),
-                 pilot_row("cnn", 8, "10gbit", "none", 5.0, seed, 3.3e6),
-                 pilot_row("cnn", 8, "10gbit", "powersgd:rank=1", 3.0, seed, 2e4)]
-    write_jsonl(copy / "docs" / "tta_density_pilot.jsonl", rows)
-    png = copy / "docs" / "tta_density_pilot.png"
+        study += [pilot_row("cnn", 8, "100mbit", "gs", 10.0 + seed, seed, 2e5),
+                  pilot_row("cnn", 8, "100mbit", "fp16", 30.0, seed, 1.6e6),
+                  pilot_row("cnn", 8, "100mbit", "none", 40.0 + 2 * seed, seed, 3.3e6),
+                  pilot_row("cnn", 8, "100mbit", "powersgd:rank=1", None, seed, 2e4),
+                  pilot_row("cnn", 8, "100mbit", "topk", 9.0, seed, 3e4)]
+    pilot = [{**r, "code": "def5678"} for r in (
+        pilot_row("cnn", 8, "100mbit", "gs", 99.0, 0, 2e5),
+        pilot_row("cnn", 8, "10gbit", "gs", 6.0, 0, 1.6e6),
+        pilot_row("cnn", 8, "10gbit", "fp16", 4.0, 0, 1.6e6),
+        pilot_row("cnn", 8, "10gbit", "none", 5.0, 0, 3.3e6),
+        pilot_row("cnn", 8, "10gbit", "powersgd:rank=1", 3.0, 0, 2e4))]
+    write_jsonl(copy / "docs" / "tta_defaults.jsonl", study)
+    write_jsonl(copy / "docs" / "tta_density_pilot.jsonl", pilot)
+    png = copy / "docs" / "tta_defaults.png"
     before = report.png_stamp(png)
     assert report.main(["--check", "--root", str(copy)]) == 1
     out = capsys.readouterr().out
     assert "README.md: block 'readme.results' differs" in out
-    assert "docs/tta_density_pilot.png: the plot differs from what its data gives" in out
+    assert "docs/tta_defaults.png: the plot differs from what its data gives" in out
     assert report.main(["--root", str(copy)]) == 0
     assert report.main(["--check", "--root", str(copy)]) == 0
     readme = (copy / "README.md").read_text()
     assert ("| cnn (accuracy 0.93) | 8 | 100 Mbit/s | **10.5 s**, 200 kB | 30.0 s, 1,600 kB | not reached, 20 kB "
-            "| 41.0 s, 3,300 kB |") in readme
-    assert "| cnn (accuracy 0.93) | 8 | 10 Gbit/s | 6.0 s, 1,600 kB | 4.0 s, 1,600 kB | **3.0 s**, 20 kB |" in readme
-    assert "2 repeats (seeds 0, 1), code abc1234" in readme
+            "| 41.0 s, 3,300 kB | topk, 9.0 s |") in readme
+    assert ("| cnn (accuracy 0.93) | 8 | 10 Gbit/s | 6.0 s, 1,600 kB | 4.0 s, 1,600 kB | **3.0 s**, 20 kB "
+            "| 5.0 s, 3,300 kB | powersgd:rank=1, 3.0 s |") in readme
+    assert ("cnn: 2 repeats (seeds 0, 1), code abc1234 (docs/tta_defaults.jsonl); "
+            "cnn: 1 repeat (seed 0), code def5678 (docs/tta_density_pilot.jsonl)") in readme
     assert f"{10.5 / 41:.2f}× dense's seconds to the target on 100 Mbit/s (1 setting)" in readme
     assert "1.50× FP16's seconds to the target on 10 Gbit/s (1 setting)" in readme
     assert ("PowerSGD rank 1 reached the target first in 1 of the 1 settings where both reached it "
@@ -239,15 +246,15 @@ def test_the_readme_table_and_plot_follow_whatever_the_pilot_file_holds(copy: Pa
 def test_a_missing_or_unstamped_plot_fails_the_check(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The plot deleted: ``--check`` names it missing; a PNG without the data stamp (drawn by hand,
     or by another tool) is named stale; a rewrite restores it."""
-    png = copy / "docs" / "tta_density_pilot.png"
+    png = copy / "docs" / "tta_defaults.png"
     png.unlink()
     assert report.main(["--check", "--root", str(copy)]) == 1
-    assert "docs/tta_density_pilot.png: missing" in capsys.readouterr().out
+    assert "docs/tta_defaults.png: missing" in capsys.readouterr().out
     from PIL import Image
 
     Image.new("RGB", (4, 4)).save(png)
     assert report.main(["--check", "--root", str(copy)]) == 1
-    assert "docs/tta_density_pilot.png: the plot differs from what its data gives" in capsys.readouterr().out
+    assert "docs/tta_defaults.png: the plot differs from what its data gives" in capsys.readouterr().out
     assert report.main(["--root", str(copy)]) == 0
     assert report.main(["--check", "--root", str(copy)]) == 0
 
@@ -313,3 +320,37 @@ def test_the_steps_table_and_verdict_pair_each_seed_with_the_plain_and_dense_run
     assert "| 1.28 [1.167, 1.389] |" in table, table
     verdict = report.options_verdict(path, "fp16", "gs")
     assert "| gs:ramp=32 | 0 of 2 |" in verdict and "fp16" not in verdict, verdict
+
+
+def test_the_study_at_the_defaults_counts_fastest_near_and_missed_and_steps_over_dense(tmp_path: Path) -> None:
+    """docs/tta_defaults.jsonl's verdict: one setting where the defaults are the fastest, one
+    where they are 4 % behind top-k (within 1.05×), one where a repeat missed the target; the
+    ratio to FP16 per link; the LM's steps over dense's paired by seed (the defaults at the 2nd
+    and the 3rd evaluation, 20 and 30 steps, dense at the 1st in both: 2 and 3, mean 2.50, where
+    the ratio of the mean steps would be 2.50 too but a mean over unpaired seeds of 1.5 or 3)."""
+    rows = []
+    for seed in (0, 1):
+        gs = pilot_row("lm", 2, "100mbit", "gs", 10.0, seed)
+        gs["history"] = [{"seconds": 4.0 + i, "perplexity": 40.0} for i in range(1 + seed)] + [
+            {"seconds": 10.0, "perplexity": 20.0}]  # the target exactly: no interpolation
+        rows += [gs, pilot_row("lm", 2, "100mbit", "fp16", 20.0, seed),
+                 pilot_row("lm", 2, "100mbit", "none", 40.0, seed),
+                 pilot_row("lm", 2, "1gbit", "gs", 10.4, seed), pilot_row("lm", 2, "1gbit", "topk", 10.0, seed),
+                 pilot_row("lm", 2, "1gbit", "fp16", 13.0, seed),
+                 pilot_row("lm", 4, "1gbit", "gs", None if seed else 5.0, seed),
+                 pilot_row("lm", 4, "1gbit", "fp16", 6.0, seed)]
+    write_jsonl(tmp_path / "tta_defaults.jsonl", rows)
+    assert report.generator("tta_defaults.goal")(tmp_path) == (
+        "the defaults were the fastest in 1 of 3 settings and within 1.05× of the fastest in 2 (counting "
+        "those where they were the fastest); they missed the target in some repeat in 1; 100 Mbit/s 0.50× FP16's seconds; "
+        "1 Gbit/s 0.80× FP16's seconds")
+    verdicts = report.generator("tta_defaults.verdicts")(tmp_path).splitlines()
+    assert verdicts[2] == "| lm | 2 | 100 Mbit/s | gs: 10.0 ± 0.0 s | 10.0 ± 0.0 s | 1.00 | 0.50 | 2.50 |"
+    assert verdicts[3] == "| lm | 2 | 1 Gbit/s | topk: 10.0 ± 0.0 s | 10.4 ± 0.0 s | 1.04 | 0.80 | — |"
+    assert verdicts[4].startswith("| lm | 4 | 1 Gbit/s | fp16: 6.0 ± 0.0 s | 5.0 s (1/2 reached it) | — | — |")
+    rows.append(pilot_row("lm", 2, "100mbit", "topk", 1.0, 0))  # a method with one repeat of two
+    write_jsonl(tmp_path / "tta_defaults.jsonl", rows)
+    assert "| lm | 2 | 100 Mbit/s | incomplete: 1–2 repeats a method |" in report.generator("tta_defaults.verdicts")(
+        tmp_path)
+    assert report.generator("tta_defaults.goal")(tmp_path).startswith("the defaults were the fastest in 0 of 2")
+    assert report.generator("tta_defaults.goal")(tmp_path).endswith("1 incomplete setting(s) left out")

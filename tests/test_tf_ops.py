@@ -201,3 +201,20 @@ def test_packed_counts_add_as_the_counts_do_up_to_their_bound(ops, to, bits):
     assert words[0].dtype == np.int64 and len(words[0]) == -(-300 // (63 // bits))
     summed = ops.unpack_counts(to(words[0] + words[1] + words[2]), bits, 300)
     assert np.array_equal(np.asarray(summed), total)
+
+
+@pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_all_finite_finds_one_nan_or_infinity_anywhere(ops, to, dtype):
+    """NaN, +inf and -inf at the first, a middle and the last element are each found; the
+    greatest finite values and an empty vector are finite."""
+    x = np.linspace(-1, 1, 1001).astype(dtype)
+    assert bool(ops.all_finite(to(x)))
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in (0, 500, 1000):
+            y = x.copy()
+            y[at] = bad
+            assert not bool(ops.all_finite(to(y))), (bad, at)
+    big = np.finfo(dtype).max
+    assert bool(ops.all_finite(to(np.array([big, -big, big], dtype))))
+    assert bool(ops.all_finite(to(np.zeros(0, dtype))))

@@ -91,11 +91,14 @@ def test_method_flags_go_to_gs_or_to_the_baseline_with_the_ratio_only_where_k_is
     assert tta.method_args("gs:critical=0.5,budget=0.2", 0.01)[1][-1] == "budget=0.2"
 
 
-def test_a_warmup_run_is_kept_on_record_but_never_counted(tmp_path):
+def test_a_warmup_run_is_kept_on_record_but_never_counted(tmp_path, capsys):
+    """A warm-up row shares its setting, seed and run id with the counted run, and comes last:
+    the latest-run rule would pick it; read_rows drops it first, so no repeat is reported."""
     target = tta.WORKLOADS["cnn"][3]
-    rows = [{**row(99.0, target + 0.01), "warmup": True}, row(10.0, target + 0.01)]
+    counted = row(10.0, target + 0.01, seed=0, repeat=0, run_id="r1")
+    rows = [counted, {**row(99.0, target + 0.01, seed=0, repeat=0, run_id="r1"), "warmup": True}]
     path = tmp_path / "tta.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    counted = tta.read_rows(path)
-    assert len(counted) == 1 and "warmup" not in counted[0]
-    assert tta.summarise(counted, tta.targets_of([]))[0]["mean_seconds"] == 10.0
+    assert tta.read_rows(path) == [counted]
+    assert capsys.readouterr().err == ""
+    assert tta.summarise(tta.read_rows(path), tta.targets_of([]))[0]["mean_seconds"] == 10.0

@@ -139,8 +139,10 @@ def run(args: argparse.Namespace) -> None:
         for workload, ranks, rate, variant in itertools.product(args.workloads, args.ranks, args.rates, order):
             if args.warmup and (workload, ranks, rate) not in warmed:
                 warmed.add((workload, ranks, rate))
-                append_line(args.out, {**one_run(workload, ranks, rate, variant, 0, args), **run_fields,
-                                       "warmup": True})
+                warm = {**one_run(workload, ranks, rate, variant, 0, args), **run_fields, "warmup": True}
+                append_line(args.out, warm)
+                print(f"{workload} P={ranks} {rate} {variant}: warm-up (not counted)"
+                      + (f" FAILED ({warm['failed']['returncode']})" if "failed" in warm else ""), flush=True)
             row = {**one_run(workload, ranks, rate, variant, repeat, args), **run_fields}
             append_line(args.out, row)
             where = f"{workload} P={ranks} {rate} {row['method']} repeat {repeat}"
