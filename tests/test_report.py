@@ -342,8 +342,8 @@ def test_the_study_at_the_defaults_counts_fastest_near_and_missed_and_steps_over
     write_jsonl(tmp_path / "tta_defaults.jsonl", rows)
     assert report.generator("tta_defaults.goal")(tmp_path) == (
         "the defaults were the fastest in 1 of 3 settings and within 1.05× of the fastest in 2 (counting "
-        "those where they were the fastest); they missed the target in some repeat in 1; 100 Mbit/s 0.50× FP16's seconds; "
-        "1 Gbit/s 0.80× FP16's seconds")
+        "those where they were the fastest); they missed the target in some repeat in 1; "
+        "100 Mbit/s 0.50× FP16's seconds; 1 Gbit/s 0.80× FP16's seconds")
     verdicts = report.generator("tta_defaults.verdicts")(tmp_path).splitlines()
     assert verdicts[2] == "| lm | 2 | 100 Mbit/s | gs: 10.0 ± 0.0 s | 10.0 ± 0.0 s | 1.00 | 0.50 | 2.50 |"
     assert verdicts[3] == "| lm | 2 | 1 Gbit/s | topk: 10.0 ± 0.0 s | 10.4 ± 0.0 s | 1.04 | 0.80 | — |"
