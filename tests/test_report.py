@@ -193,7 +193,7 @@ def pilot_row(workload: str, ranks: int, rate: str, method: str, seconds: float 
     """A docs/tta_density_pilot.jsonl row whose target (cnn 0.93, lm perplexity 20) is reached at
     ``seconds`` (None: never)."""
     metric, good, bad = ("accuracy", 0.95, 0.5) if workload == "cnn" else ("perplexity", 15.0, 40.0)
-    history = [{"seconds": seconds or 50.0, metric: good if seconds else bad}]
+    history = [{"seconds": seconds or 50.0, metric: good if seconds else bad, "wire_bytes": 10 * bytes_per_step}]
     return {"workload": workload, "ranks": ranks, "rate": rate, "method": method, "repeat": seed, "seed": seed,
             "metric": metric, "history": history, "bytes_per_step": bytes_per_step, "code": "abc1234",
             "run_id": f"r{seed}"}
@@ -354,3 +354,25 @@ def test_the_study_at_the_defaults_counts_fastest_near_and_missed_and_steps_over
         tmp_path)
     assert report.generator("tta_defaults.goal")(tmp_path).startswith("the defaults were the fastest in 0 of 2")
     assert report.generator("tta_defaults.goal")(tmp_path).endswith("1 incomplete setting(s) left out")
+
+
+def test_stretches_between_evaluations_split_sparse_from_dense_against_fp16(tmp_path: Path) -> None:
+    """Two evaluations a run: the defaults' first stretch as dense as FP16's (its bytes) and 10 %
+    slower, their second with fewer bytes (a sparse step) and twice FP16's seconds; the file's
+    ratios to FP16 (to the target, reached at the second evaluation; the whole run; the dense
+    stretches) and the README's per-P phrase."""
+    def run(method: str, seed: int, seconds: tuple[float, float], sent: tuple[float, float]) -> dict:
+        r = pilot_row("lm", 2, "1gbit", method, 1.0, seed)
+        r["history"] = [{"seconds": seconds[0], "perplexity": 30.0, "wire_bytes": sent[0]},
+                        {"seconds": seconds[1], "perplexity": 20.0, "wire_bytes": sent[1]}]
+        return r
+
+    rows = []
+    for seed in (0, 1):
+        rows += [run("gs", seed, (11.0, 31.0), (100.0, 150.0)), run("fp16", seed, (10.0, 20.0), (100.0, 200.0))]
+    write_jsonl(tmp_path / "tta_dense_path.jsonl", rows)
+    table = report.segments_table(tmp_path / "tta_dense_path.jsonl").splitlines()
+    assert table[2] == "| lm | 2 | 1 Gbit/s | 2 of 4 | 2.00 | 1.10 |"
+    to_target, whole, dense = report.over_fp16(tmp_path / "tta_dense_path.jsonl")[("lm", 2, "1gbit")]
+    assert (round(to_target, 4), round(whole, 4), round(dense, 4)) == (1.55, 1.55, 1.1)
+    assert report.generator("readme.when.dense_path")(tmp_path) == "1.55× at 2 ranks"

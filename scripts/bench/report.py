@@ -1603,13 +1603,22 @@ def segments(row: dict) -> list[tuple[float, float]]:
 
 @block("tta_defaults.segments")
 def tta_defaults_segments(docs: Path) -> str:
-    """Per (workload, P, link) of docs/tta_defaults.jsonl, the defaults' stretches between
+    return segments_table(docs / STUDY)
+
+
+@block("tta_dense_path.segments")
+def tta_dense_path_segments(docs: Path) -> str:
+    return segments_table(docs / DENSE_PATH)
+
+
+def segments_table(path: Path) -> str:
+    """Per (workload, P, link) of a time-to-accuracy file, the defaults' stretches between
     evaluations against FP16's same stretch of the same seed: how many sent fewer wire bytes
     (some step at a sparse level) and their seconds ÷ FP16's, and the same for the others (every
     step dense); sums over the seeds' stretches."""
     lines = ["| workload | P | link | stretches with a sparse step (of all) | their seconds ÷ FP16's "
              "| stretches all dense: seconds ÷ FP16's |", "|---|---|---|---|---|---|"]
-    for (workload, ranks, rate), methods in phase_cells_of(docs / STUDY).items():
+    for (workload, ranks, rate), methods in phase_cells_of(path).items():
         gs, fp16 = methods.get("gs", {}), methods.get("fp16", {})
         sums = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}  # sparse? → [stretches, gs seconds, fp16 seconds]
         for seed in sorted(set(gs) & set(fp16)):
@@ -1622,6 +1631,51 @@ def tta_defaults_segments(docs: Path) -> str:
         ratio = ["—" if not n else f"{a / b:.2f}" for n, a, b in (sums[True], sums[False])]
         lines.append(f"| {workload} | {ranks} | {LINKS.get(rate, rate)} | {sums[True][0]} of {total} | {ratio[0]} "
                      f"| {ratio[1]} |")
+    return "\n".join(lines)
+
+
+DENSE_PATH = "tta_dense_path.jsonl"
+
+
+def over_fp16(path: Path) -> dict[tuple, tuple[float, float, float | None]]:
+    """Per (workload, P, link) of a time-to-accuracy file with ``gs`` and ``fp16`` rows: the
+    ratio of the defaults' mean seconds to FP16's to the target and over the whole run (the last
+    evaluation's), and over the stretches where every step was dense (:func:`segments`; None if
+    none was)."""
+    targets, out = tta.targets_of([]), {}
+    for key, methods in phase_cells_of(path).items():
+        gs, fp16 = methods.get("gs", {}), methods.get("fp16", {})
+        seeds = sorted(set(gs) & set(fp16))
+        if not seeds:
+            continue
+        reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[key[0]]) for k in seeds]
+                 for side in (gs, fp16)]
+        whole = [statistics.mean(side[k]["history"][-1]["seconds"] for k in seeds) for side in (gs, fp16)]
+        dense = [(t, t16) for k in seeds for (t, b), (t16, b16) in zip(segments(gs[k]), segments(fp16[k]))
+                 if b >= 0.99 * b16]
+        out[key] = (statistics.mean(reach[0]) / statistics.mean(reach[1]) if None not in reach[0] + reach[1]
+                    else float("nan"), whole[0] / whole[1],
+                    sum(t for t, _ in dense) / sum(t for _, t in dense) if dense else None)
+    return out
+
+
+@block("tta_dense_path.compare")
+def tta_dense_path_compare(docs: Path) -> str:
+    """The defaults over FP16 on the links of docs/tta_dense_path.jsonl (after the finiteness
+    check became one reduction), beside the same settings of docs/tta_defaults.jsonl (before):
+    :func:`over_fp16`'s three ratios, each file's code version."""
+    after, before = over_fp16(docs / DENSE_PATH), over_fp16(docs / STUDY)
+    codes = {name: ", ".join(sorted({r.get("code", "unknown") for r in tta.read_rows(docs / name)}))
+             for name in (STUDY, DENSE_PATH)}
+    lines = ["| workload | P | link | code | seconds to target ÷ FP16's | seconds of the 80 steps ÷ FP16's "
+             "| all-dense stretches ÷ FP16's |", "|---|---|---|---|---|---|---|"]
+    for key in after:
+        for name, ratios in ((STUDY, before.get(key)), (DENSE_PATH, after[key])):
+            if ratios is None:
+                continue
+            cells = ["—" if r is None or r != r else f"{r:.2f}" for r in ratios]
+            lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | {codes[name]} | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -1758,6 +1812,14 @@ def readme_when_fast(docs: Path) -> str:
     rate = max(screen_rates(docs), key=link_bits)
     ratios = screen_ratios(docs, "fp16", rate)
     return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
+
+
+@block("readme.when.dense_path")
+def readme_when_dense_path(docs: Path) -> str:
+    """The defaults' seconds to the target over FP16's per P in docs/tta_dense_path.jsonl (the
+    rerun after the dense path's finiteness check became one reduction)."""
+    ratios = over_fp16(docs / DENSE_PATH)
+    return " and ".join(f"{r[0]:.2f}× at {key[1]} ranks" for key, r in sorted(ratios.items(), key=lambda kv: -kv[0][1]))
 
 
 @block("readme.when.powersgd")
