@@ -234,8 +234,8 @@ def test_the_readme_table_and_plot_follow_the_study_then_the_pilot(copy: Path,
             "| 41.0 s, 3,300 kB | topk, 9.0 s |") in readme
     assert ("| cnn (accuracy 0.93) | 8 | 10 Gbit/s | 6.0 s, 1,600 kB | 4.0 s, 1,600 kB | **3.0 s**, 20 kB "
             "| 5.0 s, 3,300 kB | powersgd:rank=1, 3.0 s |") in readme
-    assert ("cnn: 2 repeats (seeds 0, 1), code abc1234 (docs/tta_defaults.jsonl); "
-            "cnn: 1 repeat (seed 0), code def5678 (docs/tta_density_pilot.jsonl)") in readme
+    assert ("cnn at P = 8: 2 repeats (seeds 0, 1), code abc1234 (docs/tta_defaults.jsonl); "
+            "cnn at P = 8: 1 repeat (seed 0), code def5678 (docs/tta_density_pilot.jsonl)") in readme
     assert f"{10.5 / 41:.2f}× dense's seconds to the target on 100 Mbit/s (1 setting)" in readme
     assert "1.50× FP16's seconds to the target on 10 Gbit/s (1 setting)" in readme
     assert ("PowerSGD rank 1 reached the target first in 1 of the 1 settings where both reached it "

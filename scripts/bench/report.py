@@ -1722,20 +1722,21 @@ def screen_cells(docs: Path) -> dict[tuple, dict[str, tuple[float | None, float 
 
 
 def screen_provenance(docs: Path) -> str:
-    """Per data file of the first screen: the workloads of the settings read from it, and those
-    settings' repeats (seeds) and code versions, as the README's table caption says them."""
-    used: dict[str, set[tuple]] = {}
+    """Per workload and data file of the first screen: the rank counts of the settings read from
+    it, and those settings' repeats (seeds) and code versions, as the README's table caption
+    says them."""
+    used: dict[tuple[str, str], set[tuple]] = {}
     for key, (name, _) in screen_summaries(docs).items():
-        used.setdefault(name, set()).add(key)
+        used.setdefault((key[0], name), set()).add(key)
     parts = []
-    for name, keys in used.items():
+    for (workload, name), keys in used.items():
         rows = [r for r in tta.read_rows(docs / name) if (r["workload"], r["ranks"], r["rate"]) in keys]
-        workloads = {key[0] for key in keys}
         seeds = sorted({r.get("seed", r["repeat"]) for r in rows})
         codes = sorted({r.get("code", "unknown") for r in rows})
-        parts.append(f"{' and '.join(sorted(workloads))}: {len(seeds)} repeat{'s' if len(seeds) > 1 else ''} "
-                     f"(seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}), code {', '.join(codes)}"
-                     f" (docs/{name})")
+        ranks = sorted({key[1] for key in keys})
+        parts.append(f"{workload} at P = {', '.join(map(str, ranks))}: {len(seeds)} repeat"
+                     f"{'s' if len(seeds) > 1 else ''} (seed{'s' if len(seeds) > 1 else ''} "
+                     f"{', '.join(map(str, seeds))}), code {', '.join(codes)} (docs/{name})")
     return "; ".join(parts)
 
 
