@@ -1570,18 +1570,7 @@ def tta_defaults_goal(docs: Path) -> str:
     settings were left out as incomplete."""
     settings = by_setting(tta_summary(docs, STUDY))
     done = {key: mine for key, mine in settings.items() if complete(mine.values())}
-    first = near = missed = 0
-    over_fp16: dict[str, list[float]] = {}
-    for key, mine in done.items():
-        gs, fp16 = mine["gs"], mine.get("fp16")
-        if gs["reached"] < gs["repeats"]:
-            missed += 1
-            continue
-        best = fastest(mine.values())
-        first += best is gs
-        near += gs["mean_seconds"] <= NEAR_FASTEST * best["mean_seconds"]
-        if fp16 and fp16["reached"] == fp16["repeats"]:
-            over_fp16.setdefault(key[2], []).append(gs["mean_seconds"] / fp16["mean_seconds"])
+    first, near, missed, over_fp16 = defaults_counts(done, NEAR_FASTEST)
     clauses = [f"the defaults were the fastest in {first} of {len(done)} settings and within {NEAR_FASTEST}× "
                f"of the fastest in {near} (counting those where they were the fastest)",
                f"they missed the target in some repeat in {missed}",
@@ -1599,6 +1588,13 @@ def segments(row: dict) -> list[tuple[float, float]]:
         out.append((h["seconds"] - seconds, h["wire_bytes"] - sent))
         seconds, sent = h["seconds"], h["wire_bytes"]
     return out
+
+
+def stretches(gs: dict, fp16: dict) -> list[tuple[bool, float, float]]:
+    """The defaults' run ``gs`` and FP16's ``fp16`` (one seed) stretch by stretch
+    (:func:`segments`): (whether the defaults' stretch sent under 99 % of FP16's bytes, i.e. some
+    step at a sparse level; its seconds; FP16's)."""
+    return [(b < 0.99 * b16, t, t16) for (t, b), (t16, b16) in zip(segments(gs), segments(fp16))]
 
 
 @block("tta_defaults.segments")
@@ -1622,8 +1618,8 @@ def segments_table(path: Path) -> str:
         gs, fp16 = methods.get("gs", {}), methods.get("fp16", {})
         sums = {True: [0, 0.0, 0.0], False: [0, 0.0, 0.0]}  # sparse? → [stretches, gs seconds, fp16 seconds]
         for seed in sorted(set(gs) & set(fp16)):
-            for (t, b), (t16, b16) in zip(segments(gs[seed]), segments(fp16[seed])):
-                cell = sums[b < 0.99 * b16]
+            for sparse, t, t16 in stretches(gs[seed], fp16[seed]):
+                cell = sums[sparse]
                 cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + t, cell[2] + t16
         total = sums[True][0] + sums[False][0]
         if not total:
@@ -1637,11 +1633,11 @@ def segments_table(path: Path) -> str:
 DENSE_PATH = "tta_dense_path.jsonl"
 
 
-def over_fp16(path: Path) -> dict[tuple, tuple[float, float, float | None]]:
+def over_fp16(path: Path) -> dict[tuple, tuple[float | None, float, float | None]]:
     """Per (workload, P, link) of a time-to-accuracy file with ``gs`` and ``fp16`` rows: the
-    ratio of the defaults' mean seconds to FP16's to the target and over the whole run (the last
-    evaluation's), and over the stretches where every step was dense (:func:`segments`; None if
-    none was)."""
+    ratio of the defaults' mean seconds to FP16's to the target (None unless every seed of both
+    reached it) and over the whole run (the last evaluation's), and over the stretches where
+    every step was dense (:func:`stretches`; None if none was)."""
     targets, out = tta.targets_of([]), {}
     for key, methods in phase_cells_of(path).items():
         gs, fp16 = methods.get("gs", {}), methods.get("fp16", {})
@@ -1651,10 +1647,9 @@ def over_fp16(path: Path) -> dict[tuple, tuple[float, float, float | None]]:
         reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[key[0]]) for k in seeds]
                  for side in (gs, fp16)]
         whole = [statistics.mean(side[k]["history"][-1]["seconds"] for k in seeds) for side in (gs, fp16)]
-        dense = [(t, t16) for k in seeds for (t, b), (t16, b16) in zip(segments(gs[k]), segments(fp16[k]))
-                 if b >= 0.99 * b16]
+        dense = [(t, t16) for k in seeds for sparse, t, t16 in stretches(gs[k], fp16[k]) if not sparse]
         out[key] = (statistics.mean(reach[0]) / statistics.mean(reach[1]) if None not in reach[0] + reach[1]
-                    else float("nan"), whole[0] / whole[1],
+                    else None, whole[0] / whole[1],
                     sum(t for t, _ in dense) / sum(t for _, t in dense) if dense else None)
     return out
 
@@ -1673,7 +1668,7 @@ def tta_dense_path_compare(docs: Path) -> str:
         for name, ratios in ((STUDY, before.get(key)), (DENSE_PATH, after[key])):
             if ratios is None:
                 continue
-            cells = ["—" if r is None or r != r else f"{r:.2f}" for r in ratios]
+            cells = ["—" if r is None else f"{r:.2f}" for r in ratios]
             lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | {codes[name]} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -1701,12 +1696,9 @@ def screen_summaries(docs: Path) -> dict[tuple, tuple[str, list[dict]]]:
     for name in SCREEN_SOURCES:
         if not (docs / name).exists():
             continue
-        mine: dict[tuple, list[dict]] = {}
-        for s in tta.summarise(tta.read_rows(docs / name), tta.targets_of([])):
-            mine.setdefault((s["workload"], s["ranks"], s["rate"]), []).append(s)
-        for key, rows in mine.items():
-            if complete(rows):
-                out.setdefault(key, (name, rows))
+        for key, methods in by_setting(tta.summarise(tta.read_rows(docs / name), tta.targets_of([]))).items():
+            if complete(methods.values()):
+                out.setdefault(key, (name, list(methods.values())))
     if not out:
         raise KeyError(f"none of {', '.join(SCREEN_SOURCES)} in {docs}")
     return out
@@ -1820,7 +1812,8 @@ def readme_when_dense_path(docs: Path) -> str:
     """The defaults' seconds to the target over FP16's per P in docs/tta_dense_path.jsonl (the
     rerun after the dense path's finiteness check became one reduction)."""
     ratios = over_fp16(docs / DENSE_PATH)
-    return " and ".join(f"{r[0]:.2f}× at {key[1]} ranks" for key, r in sorted(ratios.items(), key=lambda kv: -kv[0][1]))
+    return " and ".join(f"{'—' if r[0] is None else f'{r[0]:.2f}×'} at {key[1]} ranks"
+                        for key, r in sorted(ratios.items(), key=lambda kv: -kv[0][1]))
 
 
 @block("readme.when.powersgd")
@@ -2154,8 +2147,7 @@ def time_to_accuracy_verdicts(docs: Path) -> str:
              "the ratio of the means.", "",
              "| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | the paper's sketch |",
              "|---|---|---|---|---|---|---|"]
-    for workload, ranks, rate in dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary):
-        mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == (workload, ranks, rate)}
+    for (workload, ranks, rate), mine in by_setting(summary).items():
         best = fastest(mine.values())
         gs, sketch = mine.get("gs"), mine.get("gs:exchange=sketch")
         ratio = (f"{gs['mean_seconds'] / best['mean_seconds']:.2f}" if best and gs and gs["reached"] == gs["repeats"]
@@ -2172,20 +2164,31 @@ def time_to_accuracy_defaults(docs: Path) -> str:
     """Over the (workload, P, link) settings: in how many the defaults were the fastest to the
     target (of the methods that reached it in every repeat), within 1.2× of the fastest, and
     missed it in some repeat."""
-    summary = tta_summary(docs)
-    settings = list(dict.fromkeys((s["workload"], s["ranks"], s["rate"]) for s in summary))
+    settings = by_setting(tta_summary(docs))
+    first, near, missed, _ = defaults_counts(settings, 1.2)
+    return (f"the defaults were the fastest in {first} of {len(settings)} settings, within 1.2× of the fastest "
+            f"in {near}, and missed the target in some repeat in {missed}")
+
+
+def defaults_counts(settings: dict[tuple, dict[str, dict]], within: float
+                    ) -> tuple[int, int, int, dict[str, list[float]]]:
+    """Over settings of :func:`by_setting` (each with ``gs``): in how many the defaults were the
+    fastest (:func:`fastest`), within ``within`` × the fastest's mean seconds (the fastest
+    included), and missed the target in some repeat; and per link, their mean seconds over
+    FP16's where both reached it in every repeat."""
     first = near = missed = 0
-    for key in settings:
-        mine = {s["method"]: s for s in summary if (s["workload"], s["ranks"], s["rate"]) == key}
-        gs = mine["gs"]
+    over_fp16: dict[str, list[float]] = {}
+    for key, mine in settings.items():
+        gs, fp16 = mine["gs"], mine.get("fp16")
         if gs["reached"] < gs["repeats"]:
             missed += 1
             continue
         best = fastest(mine.values())
         first += best is gs
-        near += gs["mean_seconds"] <= 1.2 * best["mean_seconds"]
-    return (f"the defaults were the fastest in {first} of {len(settings)} settings, within 1.2× of the fastest "
-            f"in {near}, and missed the target in some repeat in {missed}")
+        near += gs["mean_seconds"] <= within * best["mean_seconds"]
+        if fp16 and fp16["reached"] == fp16["repeats"]:
+            over_fp16.setdefault(key[2], []).append(gs["mean_seconds"] / fp16["mean_seconds"])
+    return first, near, missed, over_fp16
 
 
 def defaults_over(docs: Path, name: str) -> str:
