@@ -80,19 +80,21 @@ class GsSketch(GsSketchBase, Compressor):
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Optional[_Ctx]]:
         """Returns (payload, ctx): for a float tensor one float, this rank's step flag
         (:meth:`~gs_horovod.checkpoint.CheckpointApi.step_flag`: 0, or a restore or abort
-        request; the gradient is recorded, and the real exchange happens at the step's first
-        decompress: sketched from ``min_size`` elements on, sent exactly below it), followed in
-        an early dense step by the gradient itself, (1 + d,) float16; for a sparse or non-float
-        tensor the tensor itself with ctx None."""
+        request; the gradient is recorded, and the exchange happens at the step's first
+        decompress), followed in an early dense step by the gradient itself, (1 + d,) float16;
+        for a sparse or non-float tensor the tensor itself with ctx None."""
         if tensor.is_sparse or not tensor.is_floating_point():
             self.stats.dense_bytes += tensor.numel() * tensor.element_size()
             return tensor, None
         state, name = self._state_of(tensor)
         grad = tensor.detach().reshape(-1)
         state.record(name, grad.float())
-        flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
         if state.early and self.dense_rides_horovod:  # the flag in float16: an abort (65536) reads as inf
-            return torch.cat([flag.half(), grad.half()]), _Ctx(state, name, tensor.shape, tensor.dtype, True)
+            payload = torch.empty(1 + grad.numel(), dtype=torch.float16, device=tensor.device)
+            payload[0] = self.step_flag()
+            payload[1:].copy_(grad)  # one copy, converting
+            return payload, _Ctx(state, name, tensor.shape, tensor.dtype, True)
+        flag = torch.full((1,), self.step_flag(), dtype=torch.float32, device=tensor.device)
         return flag, _Ctx(state, name, tensor.shape, tensor.dtype)
 
     @DefaultInstanceMethod
@@ -112,9 +114,8 @@ class GsSketch(GsSketchBase, Compressor):
             self._early_out[state] = {}
         if not (ctx.early and state.early):
             return state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
-        out = torch.empty(ctx.shape, dtype=ctx.dtype, device=tensor.device)
         outs = self._early_out[state]
-        outs[ctx.name] = out
+        outs[ctx.name] = out = torch.empty(ctx.shape, dtype=ctx.dtype, device=tensor.device)
         updates = state.take_mean(ctx.name, tensor[1:])
         if updates is not None:
             for name, buffer in outs.items():

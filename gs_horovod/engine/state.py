@@ -194,7 +194,7 @@ class EngineState:
         plan, ended, self._ended = self.plan, self._ended, None
         begun = self._recorded
         with ops.own_threads():
-            mean = ops.concat([ops.cast(self.means[n], "float32") for n in plan.all_names])
+            mean = ops.cast(ops.concat([self.means[n] for n in plan.all_names]), "float32")
             result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
         self.updates = {}
