@@ -129,14 +129,15 @@ class ArrayOps(Protocol):
         """(idx (n,) int64, vals (n,) f32, the pairs of each message (messages,) int32) of
         ``messages`` messages of ``codec`` laid end to end in buf (uint8)."""
 
-    def take_sorted(self, keys: Array, vals: Array, x: Array) -> Array:
-        """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent."""
+    def take_sorted(self, keys: Array, vals: Array, x: Array, universe: int) -> Array:
+        """(len(x),) f32: vals[j] where keys[j] == x (keys sorted, distinct), 0 where x is absent;
+        every index below ``universe``."""
 
-    def union_sum(self, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+    def union_sum(self, idx: Array, vals: Array, counts: Array, universe: int) -> tuple[Array, Array]:
         """(union (u,) int64 ascending, sums (u,) f32) of P sparse vectors laid end to end in
         ``idx`` (n,) int64 / ``vals`` (n,) f32, vector r being the next ``counts[r]`` pairs
-        (counts (P,) int32; each vector's indices distinct): sums[j] = Σ_r vals at union[j] in
-        vector r, added in vector order (the same bits everywhere)."""
+        (counts (P,) int32; each vector's indices distinct, below ``universe``): sums[j] = Σ_r
+        vals at union[j] in vector r, added in vector order (the same bits everywhere)."""
 
     def spans(self, x: Array, starts: list[int]) -> list[tuple[Any, Any]]:
         """(first, size) of each run of the ascending x (n,) int64 within [starts[g],

@@ -162,7 +162,10 @@ def rank_order_union_sum(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np
 
 @pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
 @pytest.mark.parametrize("P", [1, 2, 5])
-def test_union_sum_adds_in_vector_order_bitwise(ops, to, P):
+@pytest.mark.parametrize("universe", [30, 1 << 40], ids=["table", "sort"])
+def test_union_sum_adds_in_vector_order_bitwise(ops, to, P, universe):
+    """Both of torch's ways on the CPU (a (universe,) table where the pairs are dense in it, a
+    sort where not) give the bits of adding each vector in turn onto zeros, NaN and -0.0 included."""
     rng = np.random.default_rng(P)
     parts = []
     for _ in range(P):
@@ -174,15 +177,27 @@ def test_union_sum_adds_in_vector_order_bitwise(ops, to, P):
     want_union, want_sums = rank_order_union_sum(parts)
     counts = np.array([len(i) for i, _ in parts], np.int32)
     union, sums = ops.union_sum(to(np.concatenate([i for i, _ in parts])), to(np.concatenate([v for _, v in parts])),
-                                to(counts))
+                                to(counts), universe)
     assert np.array_equal(np.asarray(union), want_union)
     assert np.array_equal(np.asarray(sums).view(np.uint32), want_sums.view(np.uint32))
 
 
 @pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
 def test_union_sum_of_nothing(ops, to):
-    union, sums = ops.union_sum(to(np.zeros(0, np.int64)), to(np.zeros(0, np.float32)), to(np.zeros(3, np.int32)))
+    union, sums = ops.union_sum(to(np.zeros(0, np.int64)), to(np.zeros(0, np.float32)), to(np.zeros(3, np.int32)), 30)
     assert np.asarray(union).size == 0 and np.asarray(sums).size == 0
+
+
+@pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])
+@pytest.mark.parametrize("universe", [40, 1 << 40], ids=["table", "search"])
+def test_take_sorted_reads_the_keys_values_and_zero_elsewhere(ops, to, universe):
+    keys = np.array([0, 3, 7, 39], np.int64)
+    vals = np.array([1.5, -2.0, np.nan, 4.0], np.float32)
+    x = np.array([39, 1, 7, 3, 3, 0, 38], np.int64)
+    got = np.asarray(ops.take_sorted(to(keys), to(vals), to(x), universe))
+    assert np.array_equal(got, np.array([4.0, 0.0, np.nan, -2.0, -2.0, 1.5, 0.0], np.float32), equal_nan=True)
+    empty = np.asarray(ops.take_sorted(to(keys[:0]), to(vals[:0]), to(x), universe))
+    assert np.array_equal(empty, np.zeros(len(x), np.float32))
 
 
 @pytest.mark.parametrize("ops,to", OPS, ids=["torch", "tf"])

@@ -464,3 +464,18 @@ def _top_keys(bits: np.ndarray, count: int, level: int, pshift: int, prefix: int
     if shift != 0:
         ties = ties[_top_keys(bits[ties], need, level, pshift, prefix)]
     return _merge(sure, ties)
+
+
+@njit(cache=True)
+def union_sum_dense(idx: np.ndarray, vals: np.ndarray, universe: int) -> tuple[np.ndarray, np.ndarray]:
+    """``union_sum`` through a (universe,) buffer: each pair added in ``idx`` order onto zeros
+    (vector order, one thread: the sort's bits, a lone -0.0 summing to +0.0), then the
+    coordinates that received a pair, ascending. O(n + universe): cheaper than the sort once
+    the pairs are a few percent of the universe."""
+    sums = np.zeros(universe, np.float32)
+    seen = np.zeros(universe, np.bool_)
+    for i in range(idx.shape[0]):
+        sums[idx[i]] += vals[i]
+        seen[idx[i]] = True
+    union = np.flatnonzero(seen)
+    return union.astype(np.int64), sums[union]

@@ -226,13 +226,14 @@ class TfOps:
                                               [tf.int64, tf.float32, tf.int32], stateful=False)
         return tf.ensure_shape(idx, [None]), tf.ensure_shape(vals, [None]), tf.ensure_shape(counts, [messages])
 
-    def take_sorted(self, keys: tf.Tensor, vals: tf.Tensor, x: tf.Tensor) -> tf.Tensor:
+    def take_sorted(self, keys: tf.Tensor, vals: tf.Tensor, x: tf.Tensor, universe: int) -> tf.Tensor:
         keys = tf.concat([keys, tf.constant([np.iinfo(np.int64).max], tf.int64)], 0)  # a sentinel: never found
         vals = tf.concat([vals, tf.zeros([1], vals.dtype)], 0)
         pos = tf.searchsorted(keys, x)
         return tf.where(tf.equal(tf.gather(keys, pos), x), tf.gather(vals, pos), tf.zeros_like(x, vals.dtype))
 
-    def union_sum(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def union_sum(self, idx: tf.Tensor, vals: tf.Tensor, counts: tf.Tensor,
+                  universe: int) -> tuple[tf.Tensor, tf.Tensor]:
         union, _ = tf.unique(tf.sort(idx))
         sums = tf.zeros(tf.shape(union), vals.dtype)
         vectors = int(counts.shape[0])

@@ -39,7 +39,7 @@ class Allgather(Exchange):
         n = sum(g.fed for g in plan.groups)
         own = codec.rounded(ops, ops.take(a, mine))
         idx, vals, _ = codec.allgather(ops, ctx.comm, mine, own, plan.total, n, "gs_horovod.gather")
-        union, sums = union_sum(ctx, idx, vals, ops.from_numpy(np.full(P, n, np.int32)))
+        union, sums = union_sum(ctx, idx, vals, ops.from_numpy(np.full(P, n, np.int32)), plan.total)
         groups = []
         for grp, (first, size) in zip(plan.groups, ops.spans(union, [g.start for g in plan.groups])):
             g_union, g_sums = ops.slice(union, first, size), ops.slice(sums, first, size)
@@ -47,5 +47,5 @@ class Allgather(Exchange):
                 best = ops.top_abs(g_sums, grp.nominated)
                 g_union, g_sums = ops.take(g_union, best), ops.take(g_sums, best)
             groups.append(Nominees(g_union, g_sums))
-        sent = None if codec.lossless else ops.take_sorted(mine, own, ops.concat([c.idx for c in groups]))
+        sent = None if codec.lossless else ops.take_sorted(mine, own, ops.concat([c.idx for c in groups]), plan.total)
         return Nominated(groups, ops.all_finite(vals), sent, ops.count_of(0), ops.count_of(0))

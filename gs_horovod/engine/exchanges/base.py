@@ -155,9 +155,10 @@ class Exchange:
         raise NotImplementedError
 
 
-def union_sum(ctx: Context, idx: Array, vals: Array, counts: Array) -> tuple[Array, Array]:
+def union_sum(ctx: Context, idx: Array, vals: Array, counts: Array, universe: int) -> tuple[Array, Array]:
     """(union (u,) int64 ascending, s (u,) f32): the coordinates of every rank's pairs (rank
-    r's ``counts[r]`` pairs, in rank order, each rank's indices distinct) and their sums added
-    in rank order, divided by P when the transport's ``allreduce`` averages (as it would)."""
-    union, sums = ctx.ops.union_sum(idx, vals, counts)
+    r's ``counts[r]`` pairs, in rank order, each rank's indices distinct and below
+    ``universe``) and their sums added in rank order, divided by P when the transport's
+    ``allreduce`` averages (as it would)."""
+    union, sums = ctx.ops.union_sum(idx, vals, counts, universe)
     return union, sums / ctx.comm.size if ctx.comm.averages else sums

@@ -80,7 +80,7 @@ class Sparse(Exchange):
         share = math.ceil(sum(g.fed for g in plan.groups) / plan.ranks)  # each destination's, planned
         idx, vals, counts, routed_bytes = codec.alltoall(ops, comm, routed, routed_vals, ops.count(owner, comm.size),
                                                          plan.total, share, "gs_horovod.sparse")
-        union, exact_sums = union_sum(ctx, idx, vals, counts)
+        union, exact_sums = union_sum(ctx, idx, vals, counts, plan.total)
         sums = codec.rounded(ops, exact_sums)  # select on what travels
         starts = ops.from_numpy(np.array([g.start for g in plan.groups] + [plan.total], np.int64), union)
         wanted = ops.from_numpy(np.array([g.nominated for g in plan.groups], np.int32), union)
@@ -115,5 +115,5 @@ class Sparse(Exchange):
         sent = None
         if not codec.lossless:  # what this rank gave, less what rounding took from the sums it owns (its residual's)
             lost = (exact_sums - sums) * (comm.size if comm.averages else 1)
-            sent = ops.take_sorted(mine, own, sel) - ops.take_sorted(union, lost, sel)
+            sent = ops.take_sorted(mine, own, sel, plan.total) - ops.take_sorted(union, lost, sel, plan.total)
         return Nominated(nominated, ops.all_finite(est), sent, ops.count_of(routed_bytes), ops.count_of(gathered_bytes))
