@@ -376,3 +376,41 @@ def test_stretches_between_evaluations_split_sparse_from_dense_against_fp16(tmp_
     to_target, whole, dense = report.over_fp16(tmp_path / "tta_dense_path.jsonl")[("lm", 2, "1gbit")]
     assert (round(to_target, 4), round(whole, 4), round(dense, 4)) == (1.55, 1.55, 1.1)
     assert report.generator("readme.when.dense_path")(tmp_path) == "1.55× at 2 ranks"
+
+
+def test_the_cnns_steps_over_dense_count_epochs_interpolated_between_evaluations() -> None:
+    """The CNN evaluates once an epoch, whose steps depend on P: its steps to the target are
+    compared in epochs (the same schedule for both runs). The defaults reach 0.93 a quarter of
+    the way from epoch 1 (0.90) to epoch 2 (1.02): 1.25 epochs, against dense's 1 (its first
+    evaluation already at it); an LM row keeps its 10 steps an evaluation."""
+    def cnn(method: str, accuracies: list[float]) -> dict:
+        row = pilot_row("cnn", 4, "1gbit", method, 1.0)
+        row["history"] = [{"seconds": 5.0 * (i + 1), "accuracy": a, "wire_bytes": 1.0}
+                          for i, a in enumerate(accuracies)]
+        return row
+
+    gs, dense = cnn("gs", [0.90, 1.02, 0.97]), cnn("none", [0.95, 0.97, 0.98])
+    assert report.steps_to_target(gs) is None, "a CNN row has no steps an evaluation of its own"
+    assert report.steps_to_target(gs, 1) == pytest.approx(1.25)
+    assert report.steps_over_dense({0: gs}, {0: dense}) == {0: pytest.approx(1.25)}
+    assert report.steps_over_dense({0: cnn("gs", [0.5, 0.6])}, {0: dense}) == {0: None}
+    lm = lm_row("gs", 0, [(100, 30.0), (200, 18.0)])
+    assert report.steps_to_target(lm) == pytest.approx(10 + 10 * 10 / 12)
+
+
+def test_the_engine_rerun_sets_each_pair_beside_the_studys(tmp_path: Path) -> None:
+    """docs/tta_engine.jsonl's table: per setting the defaults over the one other method it ran,
+    the study's line (its code) first; a setting the study lacks has the rerun's line alone."""
+    study = [pilot_row("cnn", 2, "100mbit", "gs", 10.0), pilot_row("cnn", 2, "100mbit", "topk", 8.0),
+             pilot_row("cnn", 2, "100mbit", "fp16", 30.0)]
+    rerun = [dict(pilot_row("cnn", 2, "100mbit", "gs", 7.5), code="new5678"),
+             dict(pilot_row("cnn", 2, "100mbit", "topk", 7.5), code="new5678"),
+             dict(pilot_row("lm", 2, "1gbit", "gs", 6.0), code="new5678"),
+             dict(pilot_row("lm", 2, "1gbit", "fp16", None), code="new5678")]
+    write_jsonl(tmp_path / "tta_defaults.jsonl", study)
+    write_jsonl(tmp_path / "tta_engine.jsonl", rerun)
+    lines = report.generator("tta_engine.compare")(tmp_path).splitlines()
+    assert lines[2:] == [
+        "| cnn | 2 | 100 Mbit/s | abc1234 | 10.0 s | topk: 8.0 s | 1.25 |",
+        "| cnn | 2 | 100 Mbit/s | new5678 | 7.5 s | topk: 7.5 s | 1.00 |",
+        "| lm | 2 | 1 Gbit/s | new5678 | 6.0 s | fp16: not reached (0/1) | — |"]

@@ -721,7 +721,9 @@ def kernels(docs: Path) -> str:
 
 for _name, _file in {"compute.sparse": "bench_compute_sparse.json", "compute.full": "bench_compute.json",
                      "compute.quick": "bench_compute_quick.json",
-                     "compute.compact": "bench_compute_compact.json"}.items():
+                     "compute.compact": "bench_compute_compact.json",
+                     "compute.levels": "bench_compute_levels.json",
+                     "compute.levels.69b8d0e": "bench_compute_levels_69b8d0e.json"}.items():
     block(_name)(lambda docs, f=_file: __import__("bench_compute").table(load(docs, f)))
 
 
@@ -752,6 +754,24 @@ def compact_defaults_vs_topk(docs: Path) -> str:
     ``docs/bench_compute_compact.json`` (one run, side by side)."""
     rows = {r["method"]: r for r in load(docs, "bench_compute_compact.json") if (r["ranks"], r["ratio"]) == (4, 0.001)}
     return f"{rows['gs-SGD (defaults)']['median_s'] / rows['top-k allgather']['median_s']:.2f}×"
+
+
+def compute_levels_growth(docs: Path, name: str) -> str:
+    """The defaults' median compute per step at the densest level and the sparsest, per P, from
+    ``docs/NAME`` (``bench_compute.py --ratios`` at the density rule's levels)."""
+    rows = [r for r in load(docs, name) if r["method"] == "gs-SGD (defaults)"]
+    parts = []
+    for P in sorted({r["ranks"] for r in rows}):
+        at = {r["ratio"]: r["median_s"] for r in rows if r["ranks"] == P}
+        low, high = min(at), max(at)
+        parts.append(f"{1e3 * at[low]:.1f} ms at D/{round(1 / low)} and {1e3 * at[high]:.1f} ms at D/{round(1 / high)} "
+                     f"({at[high] / at[low]:.1f}×) at P = {P}")
+    return "; ".join(parts)
+
+
+for _name, _file in {"compute.levels.growth": "bench_compute_levels.json",
+                     "compute.levels.growth.69b8d0e": "bench_compute_levels_69b8d0e.json"}.items():
+    block(_name)(lambda docs, f=_file: compute_levels_growth(docs, f))
 
 
 @block("step.table")
@@ -1250,13 +1270,15 @@ def time_to_accuracy_compact(docs: Path) -> str:
 LM_EVAL_EVERY = 10  # bench_time_to_accuracy.WORKLOADS["lm"]: an evaluation every 10 steps
 
 
-def steps_to_target(row: dict) -> float | None:
-    """The LM's steps to its target, interpolated as :func:`bench_time_to_accuracy.time_to_target`
-    interpolates seconds (evaluation i is at step 10·(i + 1)); None for other workloads or
-    when it was not reached."""
-    if row["workload"] != "lm" or "failed" in row:
+def steps_to_target(row: dict, every: float | None = None) -> float | None:
+    """The steps to the row's target, interpolated as :func:`bench_time_to_accuracy.time_to_target`
+    interpolates seconds (evaluation i is at step every·(i + 1)): ``every`` is the LM's 10 unless
+    given (the CNN evaluates once an epoch, whose steps depend on P: pass 1 to count in epochs);
+    None for another workload without ``every``, or when the target was not reached."""
+    if "failed" in row or (every is None and row["workload"] != "lm"):
         return None
-    history = [{"seconds": LM_EVAL_EVERY * (i + 1), row["metric"]: h[row["metric"]]}
+    every = LM_EVAL_EVERY if every is None else every
+    history = [{"seconds": every * (i + 1), row["metric"]: h[row["metric"]]}
                for i, h in enumerate(row["history"])]
     return tta.time_to_target(history, row["metric"], tta.targets_of([])[row["workload"]])
 
@@ -1353,11 +1375,14 @@ def mean_of(values: list[float | None]) -> str:
 
 
 def steps_over_dense(seeds: dict[int, dict], dense: dict[int, dict]) -> dict[int, float | None]:
-    """Per seed of ``seeds`` (seed → row): its LM steps to the target over ``dense``'s row of the
-    same seed (:func:`steps_to_target`); None where either did not reach it or dense has no row."""
+    """Per seed of ``seeds`` (seed → row): its steps to the target over ``dense``'s row of the same
+    seed (:func:`steps_to_target`; the CNN's in epochs, the same schedule for both); None where
+    either did not reach it or dense has no row."""
     out: dict[int, float | None] = {}
     for seed in sorted(seeds):
-        mine, theirs = steps_to_target(seeds[seed]), steps_to_target(dense[seed]) if seed in dense else None
+        every = None if seeds[seed]["workload"] == "lm" else 1
+        mine = steps_to_target(seeds[seed], every)
+        theirs = steps_to_target(dense[seed], every) if seed in dense else None
         out[seed] = None if mine is None or theirs is None else mine / theirs
     return out
 
@@ -1538,11 +1563,12 @@ def by_setting(summary: list[dict]) -> dict[tuple, dict[str, dict]]:
 def tta_defaults_verdicts(docs: Path) -> str:
     """Per (workload, P, link) of docs/tta_defaults.jsonl: the fastest method (:func:`fastest`),
     the defaults' seconds, the ratio of their mean seconds to the fastest's and to FP16's, and
-    the LM's steps to the target over dense's (``none``; per seed, then the mean). A setting whose
+    the steps to the target over dense's (``none``; per seed, then the mean; the CNN's counted in
+    epochs, interpolated between its evaluations, one an epoch). A setting whose
     methods ran different numbers of repeats (:func:`complete`) is named as such, not compared."""
     cells = phase_cells_of(docs / STUDY)
     lines = ["| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | gs ÷ FP16 "
-             "| gs's steps ÷ dense's (LM) |", "|---|---|---|---|---|---|---|---|"]
+             "| gs's steps ÷ dense's |", "|---|---|---|---|---|---|---|---|"]
     for key, mine in by_setting(tta_summary(docs, STUDY)).items():
         if not complete(mine.values()):
             repeats = sorted({s["repeats"] for s in mine.values()})
@@ -1554,8 +1580,7 @@ def tta_defaults_verdicts(docs: Path) -> str:
         over = ["—" if not every or other is None or other["reached"] < other["repeats"]
                 else f"{gs['mean_seconds'] / other['mean_seconds']:.2f}" for other in (best, fp16)]
         methods = cells.get(key, {})
-        steps = ("—" if key[0] != "lm" else
-                 mean_of(list(steps_over_dense(methods.get("gs", {}), methods.get("none", {})).values())))
+        steps = mean_of(list(steps_over_dense(methods.get("gs", {}), methods.get("none", {})).values()))
         lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | "
                      + (f"{best['method']}: {seconds_to_target(best)}" if best else "none in every repeat")
                      + f" | {seconds_to_target(gs) if gs else '—'} | {over[0]} | {over[1]} | {steps} |")
@@ -1652,6 +1677,33 @@ def over_fp16(path: Path) -> dict[tuple, tuple[float | None, float, float | None
                     else None, whole[0] / whole[1],
                     sum(t for t, _ in dense) / sum(t for _, t in dense) if dense else None)
     return out
+
+
+ENGINE = "tta_engine.jsonl"  # the defaults beside one peer a setting, after the faster union sum and dense path
+
+
+@block("tta_engine.compare")
+def tta_engine_compare(docs: Path) -> str:
+    """Per setting of docs/tta_engine.jsonl: the defaults' and the other method's mean seconds to
+    the target and their ratio, beside the same two in docs/tta_defaults.jsonl (the study, at its
+    code), each line with the code versions of its rows."""
+    before, after = by_setting(tta_summary(docs, STUDY)), by_setting(tta_summary(docs, ENGINE))
+    rows = {name: tta.read_rows(docs / name) for name in (STUDY, ENGINE)}
+    lines = ["| workload | P | link | code | the defaults (gs) | the other | gs ÷ the other |",
+             "|---|---|---|---|---|---|---|"]
+    for key, mine in after.items():
+        peer = next(m for m in mine if m != "gs")
+        for name, cell in ((STUDY, before.get(key, {})), (ENGINE, mine)):
+            gs, other = cell.get("gs"), cell.get(peer)
+            if gs is None or other is None:
+                continue
+            codes = ", ".join(sorted({r.get("code", "unknown") for r in rows[name] if r["method"] in ("gs", peer)
+                                      and (r["workload"], r["ranks"], r["rate"]) == key}))
+            whole = all(s["mean_seconds"] is not None and s["reached"] == s["repeats"] for s in (gs, other))
+            ratio = f"{gs['mean_seconds'] / other['mean_seconds']:.2f}" if whole else "—"
+            lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | {codes} | {seconds_to_target(gs)} "
+                         f"| {peer}: {seconds_to_target(other)} | {ratio} |")
+    return "\n".join(lines)
 
 
 @block("tta_dense_path.compare")
