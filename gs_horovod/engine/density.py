@@ -24,8 +24,11 @@ norms) with one allgather of five floats each and every rank, from the same numb
     fixed      t_x(S) − wire(S) · per_byte ≥ 0  (the selection's own seconds, from the densest
                sparse level S measured; 0 before one)
 
-The budget bounds the link's share: the selection costs about the same at every level (a
-top-k over D), so it does not decide k, only whether sending everything dense is cheaper.
+The budget bounds the link's share; the engine's own seconds (``fixed``) decide only whether
+sending everything dense is cheaper. ``fixed`` is taken as the same at every level, which it is
+not: the engine's work grows with k (docs/design.md, "What a sparse level costs besides its
+bytes"), so an unmeasured level is priced low before any sparse level ran and high after a
+denser one did.
 wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.collective_cost.total_wire_bytes`)
 of the plan at L. The link's seconds a byte come from the dense window alone, so the sparse
 level moves only with t_c. A change of world (Horovod elastic) starts the rule again
