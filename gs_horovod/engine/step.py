@@ -161,21 +161,20 @@ class GsSgd:
         this rank's (d_i,) f32 gradients in that order (named on the NaN/Inf error path only).
         Only valid where residual and momentum are zero (:meth:`EngineState.dense_ahead`)."""
         checks = [self.ops.when(check_options, self._check_options)]
-        return self._dense_result(plan, mean, lambda: local, prior, checks, prior)
+        return self._dense_result(plan, mean, lambda: local, prior, checks, prior_is_zero=True)
 
     def _dense_result(self, plan: Plan, mean: Array, local: Callable[[], list[Array]], prior: Prior,
-                      checks: list[Any], zero: Optional[Prior] = None) -> StepResult:
+                      checks: list[Any], prior_is_zero: bool = False) -> StepResult:
         """The dense step from its mean (D + dense,) f32: the update is the mean; residual and
-        momentum restart at zero (``zero``'s, where the prior state is known to be zero: kept, not
-        allocated again)."""
+        momentum restart at zero (``prior_is_zero``: the prior's, kept rather than allocated again)."""
         ops = self.ops
         finite = ops.all_finite(mean)
         checks = [*checks, self._fail_unless_finite(plan, finite, local, prior.steps)]
-        if zero is None:
+        residual, momentum = prior.residual, prior.momentum
+        if not prior_is_zero:
+            residual = ops.zeros((plan.total,), mean)
             momentum = ops.zeros((plan.total,), mean) if self.config.momentum else None
-            zero = Prior(ops.zeros((plan.total,), mean), momentum, None)
-        applied = StepResult(mean, zero.residual, zero.momentum, prior.steps + 1, finite,
-                             ops.count_of(0), ops.count_of(0))
+        applied = StepResult(mean, residual, momentum, prior.steps + 1, finite, ops.count_of(0), ops.count_of(0))
         return self._finish(plan, applied, prior, checks)
 
     def _parts(self, plan: Plan, acc: Accumulated) -> list[Array]:

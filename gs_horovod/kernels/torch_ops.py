@@ -37,9 +37,9 @@ from .hashing import M1, M2, M3, MASK32, NAN_KEY, first_threshold_rank, to_int64
 _DTYPES = {"float16": torch.float16, "float32": torch.float32}
 _CHUNK = 1 << 20  # coordinates hashed per torch step: bounds temporaries to ~40 MB per row
 # On the CPU, union_sum / take_sorted go through a (universe,) table instead of a sort or a
-# binary search once the pairs are at least 1/DENSE_UNION of the universe (the two cost the same
+# binary search once the pairs are at least 1/_DENSE_UNION of the universe (the two cost the same
 # near there on these CPUs: 2^20 coordinates, 2 and 4 vectors, one thread; not measured on GPUs)
-DENSE_UNION = 32
+_DENSE_UNION = 32
 _M1, _M2, _M3 = to_int64(M1), to_int64(M2), to_int64(M3)
 
 
@@ -434,7 +434,7 @@ class TorchOps:
     def take_sorted(self, keys: torch.Tensor, vals: torch.Tensor, x: torch.Tensor, universe: int) -> torch.Tensor:
         if not len(keys):
             return torch.zeros(x.shape, dtype=vals.dtype, device=x.device)
-        if x.device.type == "cpu" and (len(keys) + len(x)) * DENSE_UNION >= universe:  # distinct keys: one write each
+        if x.device.type == "cpu" and (len(keys) + len(x)) * _DENSE_UNION >= universe:  # distinct keys: one write each
             table = torch.zeros(universe, dtype=vals.dtype, device=x.device)
             table[keys] = vals
             return table[x]
@@ -443,7 +443,7 @@ class TorchOps:
 
     def union_sum(self, idx: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
                   universe: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(idx) * DENSE_UNION >= universe and vals.dtype == torch.float32 \
+        if len(idx) * _DENSE_UNION >= universe and vals.dtype == torch.float32 \
                 and resolve(self.backend, idx.device) == "numba":
             from . import numba_cpu
 
