@@ -414,3 +414,19 @@ def test_the_engine_rerun_sets_each_pair_beside_the_studys(tmp_path: Path) -> No
         "| cnn | 2 | 100 Mbit/s | abc1234 | 10.0 s | topk: 8.0 s | 1.25 |",
         "| cnn | 2 | 100 Mbit/s | new5678 | 7.5 s | topk: 7.5 s | 1.00 |",
         "| lm | 2 | 1 Gbit/s | new5678 | 6.0 s | fp16: not reached (0/1) | — |"]
+
+
+def test_the_dense_path_table_names_each_settings_own_code(tmp_path: Path) -> None:
+    """A study whose settings ran at different codes: each line of the dense-path table names the
+    code of its own setting's rows, not every code in the file."""
+    def run(workload: str, method: str, seconds: float, code: str) -> dict:
+        return dict(pilot_row(workload, 2, "1gbit", method, seconds), code=code)
+
+    study = [run("lm", "gs", 11.0, "aaa1111"), run("lm", "fp16", 10.0, "aaa1111"),
+             run("cnn", "gs", 9.0, "bbb2222"), run("cnn", "fp16", 9.0, "bbb2222")]
+    write_jsonl(tmp_path / "tta_defaults.jsonl", study)
+    rerun = [run("lm", "gs", 10.0, "ccc3333"), run("lm", "fp16", 10.0, "ccc3333")]
+    write_jsonl(tmp_path / "tta_dense_path.jsonl", rerun)
+    lines = report.generator("tta_dense_path.compare")(tmp_path).splitlines()
+    assert [line.split(" | ")[3] for line in lines[2:]] == ["aaa1111", "ccc3333"], lines
+    assert report.codes_of([{"code": "b"}, {"code": "a"}, {}]) == "a, b, unknown"

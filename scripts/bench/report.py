@@ -1679,6 +1679,15 @@ def over_fp16(path: Path) -> dict[tuple, tuple[float | None, float, float | None
     return out
 
 
+def codes_of(rows: Iterable[dict], key: tuple | None = None, methods: Iterable[str] | None = None) -> str:
+    """The code versions of ``rows`` (of setting ``key`` = (workload, P, link) and of ``methods``,
+    where given), sorted and joined."""
+    methods = None if methods is None else set(methods)
+    return ", ".join(sorted({r.get("code", "unknown") for r in rows
+                             if (key is None or (r["workload"], r["ranks"], r["rate"]) == key)
+                             and (methods is None or r["method"] in methods)}))
+
+
 ENGINE = "tta_engine.jsonl"  # the defaults beside one peer a setting, after the faster union sum and dense path
 
 
@@ -1697,8 +1706,7 @@ def tta_engine_compare(docs: Path) -> str:
             gs, other = cell.get("gs"), cell.get(peer)
             if gs is None or other is None:
                 continue
-            codes = ", ".join(sorted({r.get("code", "unknown") for r in rows[name] if r["method"] in ("gs", peer)
-                                      and (r["workload"], r["ranks"], r["rate"]) == key}))
+            codes = codes_of(rows[name], key, ("gs", peer))
             whole = all(s["mean_seconds"] is not None and s["reached"] == s["repeats"] for s in (gs, other))
             ratio = f"{gs['mean_seconds'] / other['mean_seconds']:.2f}" if whole else "—"
             lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | {codes} | {seconds_to_target(gs)} "
@@ -1710,18 +1718,17 @@ def tta_engine_compare(docs: Path) -> str:
 def tta_dense_path_compare(docs: Path) -> str:
     """The defaults over FP16 on the links of docs/tta_dense_path.jsonl (after the finiteness
     check became one reduction), beside the same settings of docs/tta_defaults.jsonl (before):
-    :func:`over_fp16`'s three ratios, each file's code version."""
+    :func:`over_fp16`'s three ratios, each with the code versions of its setting's rows."""
     after, before = over_fp16(docs / DENSE_PATH), over_fp16(docs / STUDY)
-    codes = {name: ", ".join(sorted({r.get("code", "unknown") for r in tta.read_rows(docs / name)}))
-             for name in (STUDY, DENSE_PATH)}
+    rows = {name: tta.read_rows(docs / name) for name in (STUDY, DENSE_PATH)}
     lines = ["| workload | P | link | code | seconds to target ÷ FP16's | seconds of the 80 steps ÷ FP16's "
              "| all-dense stretches ÷ FP16's |", "|---|---|---|---|---|---|---|"]
     for key in after:
         for name, ratios in ((STUDY, before.get(key)), (DENSE_PATH, after[key])):
             if ratios is None:
                 continue
-            cells = ["—" if r is None else f"{r:.2f}" for r in ratios]
-            lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | {codes[name]} | "
+            cells = [codes_of(rows[name], key, ("gs", "fp16"))] + ["—" if r is None else f"{r:.2f}" for r in ratios]
+            lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | "
                          + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1776,11 +1783,10 @@ def screen_provenance(docs: Path) -> str:
     for (workload, name), keys in used.items():
         rows = [r for r in tta.read_rows(docs / name) if (r["workload"], r["ranks"], r["rate"]) in keys]
         seeds = sorted({r.get("seed", r["repeat"]) for r in rows})
-        codes = sorted({r.get("code", "unknown") for r in rows})
         ranks = sorted({key[1] for key in keys})
         parts.append(f"{workload} at P = {', '.join(map(str, ranks))}: {len(seeds)} repeat"
                      f"{'s' if len(seeds) > 1 else ''} (seed{'s' if len(seeds) > 1 else ''} "
-                     f"{', '.join(map(str, seeds))}), code {', '.join(codes)} (docs/{name})")
+                     f"{', '.join(map(str, seeds))}), code {codes_of(rows)} (docs/{name})")
     return "; ".join(parts)
 
 
