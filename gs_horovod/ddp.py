@@ -29,6 +29,7 @@ from .engine.config import GsConfig
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
+from .torch_means import DenseMeans
 from .transports.dist import DistCollectives
 
 
@@ -157,12 +158,12 @@ class GsState(CheckpointApi):
             work.wait()
             self.agree(float(flags[0]))
             if engine.keep_early():
-                updates = None
+                means, updates = DenseMeans(engine, flags.device), {}
                 for _, names, _, (half, reduced) in pending:
                     reduced.wait()
                     sizes = [int(engine.grads[n].shape[0]) for n in names]
                     for name, mean in zip(names, torch.split(half, sizes)):
-                        updates = engine.take_mean(name, mean)
+                        updates[name] = means.put(name, mean, mean.shape, torch.float32)
             else:
                 updates = {n: engine.update_of(n) for _, names, _, _ in pending for n in names}
         except Exception as error:

@@ -32,6 +32,7 @@ from .engine.density import DENSE
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
+from .torch_means import DenseMeans
 from .torch_params import Params, calling_optimizer
 from .transports.mpi import MergeStats, tree_allreduce_tensor
 
@@ -63,7 +64,7 @@ class GsSketch(GsSketchBase, Compressor):
         self.stats = CommStats()
         self._restored: dict[str, Any] = {}  # load_state_dict contents not yet bound
         self._states: weakref.WeakKeyDictionary[Any, tuple[EngineState, Params]] = weakref.WeakKeyDictionary()
-        self._early_out: dict[EngineState, dict[str, torch.Tensor]] = {}  # gradients handed out, filled at the last
+        self._early_out: dict[EngineState, DenseMeans] = {}  # an early dense step's means
 
     def _make_ops(self) -> TorchOps:
         return TorchOps(self.config.backend)
@@ -102,25 +103,17 @@ class GsSketch(GsSketchBase, Compressor):
         """Returns a tensor of the gradient's shape, dtype and device: the step's update of
         this parameter (its exact mean below ``min_size``). The step's first decompress reads
         the flags Horovod merged (a rank-0 restore runs here, before the step, and turns an
-        early dense step into an engine step). In an early dense step the tensor is filled when
-        the step's last decompress has every mean."""
+        early dense step into an engine step); an early dense step ends in :class:`DenseMeans`."""
         if ctx is None:
             return tensor
         state = ctx.state
-        if state.updates is None and not state.means:  # the step's first decompress: its flags arrived
-            comm = state.sgd.comm
-            self.agree(float(tensor[0]) * (comm.size if comm.averages else 1))  # CheckpointApi.agree
-            state.keep_early()
-            self._early_out[state] = {}
+        if state.updates is None:  # the step's first decompress: its flags arrived
+            self.agree(float(tensor[0]) * (state.sgd.comm.size if state.sgd.comm.averages else 1))
+            if state.keep_early():
+                self._early_out[state] = DenseMeans(state, tensor.device)
         if not (ctx.early and state.early):
             return state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
-        outs = self._early_out[state]
-        outs[ctx.name] = out = torch.empty(ctx.shape, dtype=ctx.dtype, device=tensor.device)
-        updates = state.take_mean(ctx.name, tensor[1:])
-        if updates is not None:
-            for name, buffer in outs.items():
-                buffer.view(-1).copy_(updates[name])
-        return out
+        return self._early_out[state].put(ctx.name, tensor[1:], ctx.shape, ctx.dtype)
 
     @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:

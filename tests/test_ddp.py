@@ -9,6 +9,8 @@ import math
 import pytest
 from differ import assert_at_most, assert_ranks_agree
 
+from gs_horovod.engine.density import DENSE
+
 SIZES = (2, 3)
 EXCHANGES = ("sketch", "allgather", "sparse")
 
@@ -107,11 +109,15 @@ def test_nan_on_one_rank_raises_on_every_rank_and_commits_nothing(ranks):
         assert r["nan_raise_error"].startswith("GsSketch: the gradient of '2.weight' is NaN or infinite")
         # (the parameters cannot move: the hook raised inside backward, before the optimizer)
         assert r["nan_raise_residual_change"] == 0, f"residuals moved by up to {r['nan_raise_residual_change']}"
-        # nonfinite="skip": a zero update, the residuals kept, the step counted as skipped
-        assert r["nan_skip_error"] is None
-        assert r["nan_skip_update_nonzeros"] == 0, f"{r['nan_skip_update_nonzeros']} coordinates updated"
-        assert r["nan_skip_residual_change"] == 0, f"residuals moved by up to {r['nan_skip_residual_change']}"
-        assert r["nan_skip_skipped"] == 1
+        # nonfinite="skip", at ratio 0.05 and at the default density's dense step: a zero
+        # update, the residuals kept, the step counted as skipped
+        for mode in ("skip", "dense_skip"):
+            assert r[f"nan_{mode}_error"] is None
+            assert r[f"nan_{mode}_update_nonzeros"] == 0, f"{mode}: {r[f'nan_{mode}_update_nonzeros']} updated"
+            moved = r[f"nan_{mode}_residual_change"]
+            assert moved == 0, f"{mode}: residuals moved by up to {moved}"
+            assert r[f"nan_{mode}_skipped"] == 1
+        assert r["nan_dense_skip_level"] == DENSE and r["nan_skip_level"] == 0  # (0: a fixed ratio)
 
 
 @pytest.mark.slow

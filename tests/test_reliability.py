@@ -13,6 +13,8 @@ import pytest
 from conftest import ROOT, WORKERS, horovodrun
 from differ import assert_equal, assert_ranks_agree
 
+from gs_horovod.engine.density import DENSE
+
 pytestmark = pytest.mark.slow  # every test here launches processes
 
 EXCHANGES = ("sketch", "allgather", "sparse")
@@ -57,6 +59,20 @@ def test_inf_with_skip_drops_the_update_on_every_rank_and_trains_on(job):
         assert r["nan_skip_then_nonfinite"] == 0, f"{r['nan_skip_then_nonfinite']} parameters not finite"
         assert r["nan_skip_then_change"] > 0, "the next, finite step did not move the parameters"
     assert_ranks_agree([r["nan_skip_then_digest"] for r in ranks], "the model after the next, finite step")
+
+
+def test_inf_with_skip_at_the_default_density_drops_the_dense_step_on_every_rank(job):
+    ranks = [r["sketch"] for r in job]
+    for r in ranks:
+        assert r["dense_skip_levels"] == [DENSE] * 4, r["dense_skip_levels"]
+        assert r["dense_skip_skipped"] == 1
+        changes = r["dense_skip_changes"]
+        assert changes[2] == 0, f"the skipped step moved the parameters by up to {changes[2]}"
+        assert min(changes[:2] + changes[3:]) > 0, f"a finite step did not move the parameters: {changes}"
+        assert r["dense_skip_nonfinite"] == 0
+        dtypes = r["dense_skip_dtypes"]
+        assert dtypes["bias16"] == "torch.float16" and dtypes["fc.weight"] == "torch.float32", dtypes
+    assert_ranks_agree([r["dense_skip_digest"] for r in ranks], "the model after the dense steps")
 
 
 def test_selection_checksum_passes_when_equal(ranks, exchange):

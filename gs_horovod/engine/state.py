@@ -118,7 +118,8 @@ class EngineState:
       picks each step's level (None otherwise); ``clock``: the seconds it measures steps with
       (``time.perf_counter``; simulated ranks pass their modelled clock).
     - ``early``: whether this step's gradients may leave as they are recorded (:meth:`dense_ahead`
-      at the step's first record); ``means``: their merged means so far (:meth:`take_mean`).
+      at the step's first record): the adapter then finishes it with :meth:`mean_layout` and
+      :meth:`take_means`.
     """
 
     def __init__(self, sgd: GsSgd, stats: CommStats, sizes: Optional[dict[str, int]] = None,
@@ -141,7 +142,6 @@ class EngineState:
         self.updates: Optional[dict[str, Array]] = None
         self.pending: dict[str, dict[str, Any]] = {}
         self.early = False
-        self.means: dict[str, Array] = {}
 
     @property
     def ops(self) -> ArrayOps:
@@ -151,8 +151,8 @@ class EngineState:
     def record(self, name: str, grad: Array) -> None:
         """Records this step's gradient (d,) f32 of ``name``; the first record after the
         updates were handed out starts a new step (an unfinished one, e.g. raised, is dropped)."""
-        if self.updates is not None or self.means:
-            self.grads, self.updates, self.means = {}, None, {}
+        if self.updates is not None:
+            self.grads, self.updates = {}, None
         if not self.grads:
             self.early = self.dense_ahead()
             self._first = self._recorded = None
@@ -165,7 +165,7 @@ class EngineState:
         """Whether the next step sends every a = g as it is (the DENSE level of ``ratio="auto"``
         with residual and momentum zero and nothing restored pending): an adapter may then hand
         each gradient to its framework's float16 allreduce as backward produces it, overlapping
-        the two, and finish the step with :meth:`take_mean`."""
+        the two, and finish the step with :meth:`mean_layout` and :meth:`take_means`."""
         density = self.density
         return density is not None and density.level == DENSE and not density.due and self._zero \
             and not self.pending
@@ -177,27 +177,32 @@ class EngineState:
         self.early = self.early and self.dense_ahead()
         return self.early
 
-    def take_mean(self, name: str, mean: Array) -> Optional[dict[str, Array]]:
-        """Records the ranks' mean (d,) (float16, or any float dtype; the sum under a summing
-        op) of ``name``'s recorded gradient, merged by the adapter's framework in an
-        :attr:`early` step. Once every recorded gradient has its mean, runs the step
-        (:meth:`GsSgd.dense_from_mean`: checks, NaN/Inf rule, counts, density) and returns each
-        tensor's update (d,) f32; None before."""
-        self.means[name] = mean
-        if len(self.means) < len(self.grads):
-            return None
-        config, comm, ops = self.sgd.config, self.sgd.comm, self.ops
+    def mean_layout(self) -> tuple[int, dict[str, tuple[int, int]]]:
+        """In an :attr:`early` step, once every gradient is recorded: lays out the DENSE plan and
+        returns (n, name → (offset, d)), the places of the tensors' means in one (n,) f32 buffer
+        (n = D + dense). The adapter casts each merged mean (float16) into its place as it
+        arrives and hands the buffer to :meth:`take_means`."""
         like = next(iter(self.grads.values()))
         named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
+        config, comm = self.sgd.config, self.sgd.comm
         self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=DENSE),
                       like)
+        self.updates = {}
+        plan = self.plan
+        return plan.total + sum(plan.dense_sizes), {n: (o, d) for n, o, d in
+                                                    zip(plan.all_names, plan.all_offsets, plan.all_sizes)}
+
+    def take_means(self, mean: Array) -> dict[str, Array]:
+        """An :attr:`early` step from ``mean`` (n,) f32 laid out by :meth:`mean_layout`, the
+        ranks' mean (the sum under a summing op) of every recorded gradient: runs the step
+        (:meth:`GsSgd.dense_from_mean`: checks, NaN/Inf rule, counts, density) and returns each
+        tensor's update (d,) f32: its view of ``mean``, or zeros where the step was skipped."""
         plan, ended, self._ended = self.plan, self._ended, None
+        named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
         begun = self._recorded
-        with ops.own_threads():
-            mean = ops.cast(ops.concat([self.means[n] for n in plan.all_names]), "float32")
+        with self.ops.own_threads():
             result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
-        self.updates = {}
         return self._store(plan, named, result, list(self.grads.values()), ended, begun, begun, self._first)
 
     def update_of(self, name: str) -> Array:
@@ -337,7 +342,7 @@ class EngineState:
         :meth:`tensors` gave them): tensors absent from it start from zero, and with none the
         steps are 0; a density absent from it starts again. Not collective."""
         self.plan, self.residual, self.momentum, self.steps, self.pending = None, None, None, 0, {}
-        self.grads, self.updates, self.means, self._zero = {}, None, {}, True
+        self.grads, self.updates, self._zero = {}, None, True
         self.restart_density()
         self.restore(tensors)
 

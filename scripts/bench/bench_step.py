@@ -16,6 +16,11 @@ the table gives the median of the repeats' medians and their range.
 - ``one float``: a compressor that allreduces one float per parameter and returns zeros: the
   part of GsSketch's step that Horovod's per-parameter allreduce costs.
 
+``--level dense`` times the default density's dense level instead (``ratio="auto"`` held
+there by ``budget=1e6``: each gradient handed to Horovod in float16, the mean cast into one
+buffer, :class:`~gs_horovod.torch_means.DenseMeans`) against ``hvd.Compression.fp16``, in the
+``dense`` column.
+
 Thread settings (``--threads``): ``default`` leaves torch's intra-op count as the process
 started with it (one thread per core per rank unless OMP_NUM_THREADS is set; horovodrun sets
 none) and the engine's Numba kernels take their share of the node (``gs_horovod.threads``);
@@ -43,6 +48,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
+from gs_bench.runs import code_version
 from gs_bench.workloads import LstmLM, MnistCNN
 from gs_horovod.torch import GsSketch
 
@@ -107,14 +113,15 @@ def summary(values: list[float]) -> tuple[float, float, float]:
 
 
 def table(result: dict) -> str:
-    """Per thread setting: each model's dense, gs and one-float seconds per ``opt.step()`` as
-    median [min–max] over the repeats (each a median over the steps), and gs ÷ dense per repeat."""
-    lines = []
+    """Per thread setting: each model's dense (or FP16), gs and one-float seconds per
+    ``opt.step()`` as median [min–max] over the repeats (each a median over the steps), and gs ÷
+    dense per repeat."""
+    lines, dense = [], {"fp16": "FP16"}.get(result.get("dense"), "dense")
     for setting, counts in result["threads"].items():
         lines += [f"{result['ranks']} ranks, ratio {result['ratio']}, threads '{setting}' (torch {counts['torch']}, "
                   f"Numba {counts['numba']}); seconds per opt.step(): median [min–max] over {result['repeats']} "
                   f"repeats of the median of {result['steps']} steps", "",
-                  "| model | tensors | elements | dense | gs | gs / dense | one float per tensor |",
+                  f"| model | tensors | elements | {dense} | gs | gs / {dense} | one float per tensor |",
                   "|---|---|---|---|---|---|---|"]
         for name, row in result["rows"].items():
             times = row["times"][setting]
@@ -131,6 +138,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, checked (``scripts/check_docs.py`` parses every documented command with it)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ratio", type=float, default=0.001)
+    p.add_argument("--level", choices=("sparse", "dense"), default="sparse",
+                   help="'sparse': GsSketch(ratio=--ratio) against Compression.none; 'dense': the default "
+                        "density at its dense level against Compression.fp16")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5, help="times the whole measurement is repeated")
@@ -165,12 +175,16 @@ def main(argv: list[str] | None = None) -> None:
             counts[setting] = set_threads(setting, startup)
             for name, model in chosen.items():
                 compressors = {"dense": hvd.Compression.none, "gs": GsSketch(ratio=args.ratio), "one float": OneFloat}
+                if args.level == "dense":
+                    compressors.update(dense=hvd.Compression.fp16, gs=GsSketch(budget=1e6))
                 for label, seconds in time_steps(model, compressors, args.steps, args.warmup).items():
                     rows[name]["times"][setting][label].append(seconds)
             counts[setting]["numba"] = set_threads(setting, startup)["numba"]
     if hvd.rank() != 0:
         return
-    result = {"format": 2, "ranks": hvd.size(), "ratio": args.ratio, "steps": args.steps, "warmup": args.warmup,
+    result = {"format": 2, "ranks": hvd.size(), "ratio": args.ratio if args.level == "sparse" else "auto (dense level)",
+              "dense": "fp16" if args.level == "dense" else "none", "code": code_version(),
+              "steps": args.steps, "warmup": args.warmup,
               "repeats": args.repeats, "threads": {s: counts[s] for s in args.threads}, "rows": rows}
     print(table(result))
     if args.out:

@@ -775,11 +775,11 @@ for _name, _file in {"compute.levels.growth": "bench_compute_levels.json",
 
 
 @block("step.table")
-def step_table(docs: Path) -> str:
-    """``bench_step.py``'s table from ``docs/bench_step.json``: one median per cell (the first
-    format: one run), or median [min–max] over repeats per thread setting (``format`` 2,
-    ``bench_step.table``)."""
-    d = load(docs, "bench_step.json")
+def step_table(docs: Path, file: str = "bench_step.json") -> str:
+    """``bench_step.py``'s table from ``docs/bench_step.json`` (``file``): one median per cell
+    (the first format: one run), or median [min–max] over repeats per thread setting (``format``
+    2, ``bench_step.table``)."""
+    d = load(docs, file)
     if d.get("format") == 2:
         import bench_step
 
@@ -791,6 +791,12 @@ def step_table(docs: Path) -> str:
         lines.append(f"| {name} | {r['tensors']} | {r['params']:,} | {r['dense']:.4f} | {r['gs']:.4f} "
                      f"| {r['gs'] / r['dense']:.1f} | {r['one float']:.4f} |")
     return "\n".join(lines)
+
+
+@block("step.dense.table")
+def step_dense_table(docs: Path) -> str:
+    """``bench_step.py --level dense``: the default density's dense level against FP16."""
+    return step_table(docs, "bench_step_dense.json")
 
 
 COMPUTE_METHODS = {"defaults": "gs-SGD (defaults)", "sparse": "gs-SGD (exchange=sparse)",
@@ -1946,12 +1952,16 @@ def step_range_default(docs: Path) -> str:
     return step_range(docs, "default")
 
 
-def step_range(docs: Path, setting: str) -> str:
-    """The range over docs/bench_step.json's models of GsSketch's ``opt.step()`` over dense's
-    (median over the repeats of each repeat's ratio) at thread setting ``setting``."""
+for _setting in ("one", "default"):
+    block(f"step_range.dense.{_setting}")(lambda docs, s=_setting: step_range(docs, s, "bench_step_dense.json"))
+
+
+def step_range(docs: Path, setting: str, file: str = "bench_step.json") -> str:
+    """The range over docs/bench_step.json's (``file``'s) models of GsSketch's ``opt.step()``
+    over dense's (median over the repeats of each repeat's ratio) at thread setting ``setting``."""
     import statistics
 
-    d = load(docs, "bench_step.json")
+    d = load(docs, file)
     ratios = [statistics.median(g / x for g, x in zip(row["times"][setting]["gs"], row["times"][setting]["dense"]))
               for row in d["rows"].values()]
     return f"{min(ratios):.2f}–{max(ratios):.2f}×"

@@ -280,12 +280,13 @@ def powersgd_bytes(result: dict, rank: int, out_dir: str) -> None:
 @SCENARIOS
 @each(("sketch",))  # the rule for every exchange: tests/test_gs_sgd.py on simulated ranks
 def nonfinite(result: dict, exchange: str, rank: int, out_dir: str) -> None:
-    """One NaN in one gradient on rank 1 at step 1, under nonfinite="raise" and "skip"."""
+    """One NaN in one gradient on rank 1 at step 1, under nonfinite="raise" and "skip", and
+    "skip" at the default density (step 1 dense, each bucket allreduced in float16 by its hook)."""
     from gs_horovod.ddp import GsState
 
-    for mode in ("raise", "skip"):
+    for mode, options in (("raise", OPTIONS), ("skip", OPTIONS), ("dense_skip", dict(min_size=64))):
         module = mlp(5)
-        state = GsState(model=module, **OPTIONS, nonfinite=mode, exchange=exchange)
+        state = GsState(model=module, **options, nonfinite=mode.removeprefix("dense_"), exchange=exchange)
         model = ddp(module, state)
         run(module, model, range(1), rank)
         before = {n: t["residual"].clone() for n, t in state.local_state_dict()["tensors"].items()}
@@ -303,6 +304,7 @@ def nonfinite(result: dict, exchange: str, rank: int, out_dir: str) -> None:
                                                     for n, r in before.items())
         result[f"nan_{mode}_params_change"] = (flat(module.parameters()) - params).abs().max().item()
         result[f"nan_{mode}_skipped"] = state.stats.skipped
+        result[f"nan_{mode}_level"] = state.stats.density
 
 
 @SCENARIOS

@@ -2,7 +2,7 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_reliability.py OUT_DIR [NAME ...]
 
-NAME: ``odd_shapes``, ``selection_checksum``, ``nonfinite`` (none: all), e.g. the NaN/Inf one alone:
+NAME: ``odd_shapes``, ``selection_checksum``, ``dense_skip``, ``nonfinite`` (none: all), e.g. the NaN/Inf one alone:
 
     horovodrun -np 2 -H localhost:2 --gloo python tests/workers/torch_reliability.py /tmp/out nonfinite
 
@@ -106,22 +106,25 @@ def selection_checksum(out: dict, exchange: str, x, y) -> None:
             del skewed_exchange.nominate
 
 
+class Odd(torch.nn.Module):
+    """A 0-d parameter, an empty one, a float16 and two float32 ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(10)
+        self.scale = torch.nn.Parameter(torch.tensor(1.0))
+        self.fc = torch.nn.Linear(64, 10)
+        self.bias16 = torch.nn.Parameter(torch.randn(10, dtype=torch.float16))
+        self.empty = torch.nn.Parameter(torch.empty(0, 3))
+
+    def forward(self, inp):
+        return self.scale * self.fc(inp) + self.bias16.float() + self.empty.sum()
+
+
 @SCENARIOS
 @each(EXCHANGES)
 def odd_shapes(out: dict, exchange: str, x, y) -> None:
     """A 0-d parameter, an empty one, fp16 and fp32 tensors in one model, with min_size=1."""
-
-    class Odd(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(10)
-            self.scale = torch.nn.Parameter(torch.tensor(1.0))
-            self.fc = torch.nn.Linear(64, 10)
-            self.bias16 = torch.nn.Parameter(torch.randn(10, dtype=torch.float16))
-            self.empty = torch.nn.Parameter(torch.empty(0, 3))
-
-        def forward(self, inp):
-            return self.scale * self.fc(inp) + self.bias16.float() + self.empty.sum()
 
     model = Odd()
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -135,6 +138,28 @@ def odd_shapes(out: dict, exchange: str, x, y) -> None:
     out["odd_steps"] = {n: t["steps"] for n, t in gs.local_state_dict()["tensors"].items()}
     out["odd_dtypes"] = {n: str(p.grad.dtype) + str(tuple(p.grad.shape)) for n, p in model.named_parameters()}
     out["odd_digest"] = digest(model)
+
+
+@SCENARIOS
+@each(("sketch",))
+def dense_skip(out: dict, exchange: str, x, y) -> None:
+    """At the default density (steps 1-3 dense, each gradient handed to Horovod in float16): an
+    +Inf planted in one gradient on rank 1 at step 2 under nonfinite="skip"; the Odd model, so
+    float16 and float32 updates are handed out."""
+    model = Odd()
+    gs = GsSketch(min_size=1, nonfinite="skip", exchange=exchange)
+    opt = distributed(model, "d.", gs, lr=0.01)
+    changes, levels = [], []
+    for i in range(4):
+        params = flat(model).clone()
+        step(model, opt, x, y, i, poison=model.fc.weight if i == 2 and hvd.rank() == 1 else None, value=float("inf"))
+        changes.append((flat(model) - params).abs().max().item())
+        levels.append(gs.stats.density)
+    out["dense_skip_changes"], out["dense_skip_levels"] = changes, levels
+    out["dense_skip_skipped"] = gs.stats.skipped
+    out["dense_skip_nonfinite"] = int((~torch.isfinite(flat(model))).sum())
+    out["dense_skip_dtypes"] = {n: str(p.grad.dtype) for n, p in model.named_parameters()}
+    out["dense_skip_digest"] = digest(model)
 
 
 # last: a raising step leaves Horovod's optimizer mid-step. The sketch alone: the rule for every
