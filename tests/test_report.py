@@ -427,6 +427,8 @@ def test_the_dense_path_table_names_each_settings_own_code(tmp_path: Path) -> No
     write_jsonl(tmp_path / "tta_defaults.jsonl", study)
     rerun = [run("lm", "gs", 10.0, "ccc3333"), run("lm", "fp16", 10.0, "ccc3333")]
     write_jsonl(tmp_path / "tta_dense_path.jsonl", rerun)
+    means = [run("cnn", "gs", 8.0, "ddd4444"), run("cnn", "fp16", 8.0, "ddd4444")]
+    write_jsonl(tmp_path / "tta_dense_means.jsonl", means)
     lines = report.generator("tta_dense_path.compare")(tmp_path).splitlines()
-    assert [line.split(" | ")[3] for line in lines[2:]] == ["aaa1111", "ccc3333"], lines
+    assert [line.split(" | ")[3] for line in lines[2:]] == ["aaa1111", "ccc3333", "bbb2222", "ddd4444"], lines
     assert report.codes_of([{"code": "b"}, {"code": "a"}, {}]) == "a, b, unknown"

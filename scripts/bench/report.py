@@ -793,10 +793,9 @@ def step_table(docs: Path, file: str = "bench_step.json") -> str:
     return "\n".join(lines)
 
 
-@block("step.dense.table")
-def step_dense_table(docs: Path) -> str:
-    """``bench_step.py --level dense``: the default density's dense level against FP16."""
-    return step_table(docs, "bench_step_dense.json")
+for _name, _file in {"step.dense.table": "bench_step_dense.json",
+                     "step.dense.table.56cd730": "bench_step_dense_56cd730.json"}.items():
+    block(_name)(lambda docs, f=_file: step_table(docs, f))  # bench_step.py --level dense: against FP16
 
 
 COMPUTE_METHODS = {"defaults": "gs-SGD (defaults)", "sparse": "gs-SGD (exchange=sparse)",
@@ -1638,6 +1637,11 @@ def tta_dense_path_segments(docs: Path) -> str:
     return segments_table(docs / DENSE_PATH)
 
 
+@block("tta_dense_means.segments")
+def tta_dense_means_segments(docs: Path) -> str:
+    return segments_table(docs / DENSE_MEANS)
+
+
 def segments_table(path: Path) -> str:
     """Per (workload, P, link) of a time-to-accuracy file, the defaults' stretches between
     evaluations against FP16's same stretch of the same seed: how many sent fewer wire bytes
@@ -1662,6 +1666,7 @@ def segments_table(path: Path) -> str:
 
 
 DENSE_PATH = "tta_dense_path.jsonl"
+DENSE_MEANS = "tta_dense_means.jsonl"  # the defaults and FP16 after DenseMeans (code 047c2db)
 
 
 def over_fp16(path: Path) -> dict[tuple, tuple[float | None, float, float | None]]:
@@ -1723,14 +1728,18 @@ def tta_engine_compare(docs: Path) -> str:
 @block("tta_dense_path.compare")
 def tta_dense_path_compare(docs: Path) -> str:
     """The defaults over FP16 on the links of docs/tta_dense_path.jsonl (after the finiteness
-    check became one reduction), beside the same settings of docs/tta_defaults.jsonl (before):
+    check became one reduction) and docs/tta_dense_means.jsonl (after the means were cast into
+    one buffer handed out), beside the same settings of docs/tta_defaults.jsonl (the study):
     :func:`over_fp16`'s three ratios, each with the code versions of its setting's rows."""
-    after, before = over_fp16(docs / DENSE_PATH), over_fp16(docs / STUDY)
-    rows = {name: tta.read_rows(docs / name) for name in (STUDY, DENSE_PATH)}
-    lines = ["| workload | P | link | code | seconds to target ÷ FP16's | seconds of the 80 steps ÷ FP16's "
+    names = (STUDY, DENSE_PATH, DENSE_MEANS)
+    ratios_of = {name: over_fp16(docs / name) for name in names}
+    rows = {name: tta.read_rows(docs / name) for name in names}
+    lines = ["| workload | P | link | code | seconds to target ÷ FP16's | seconds of the run ÷ FP16's "
              "| all-dense stretches ÷ FP16's |", "|---|---|---|---|---|---|---|"]
-    for key in after:
-        for name, ratios in ((STUDY, before.get(key)), (DENSE_PATH, after[key])):
+    keys = {**ratios_of[DENSE_PATH], **ratios_of[DENSE_MEANS]}
+    for key in sorted(keys, key=lambda k: (k[0] != "lm", k[1])):
+        for name in names:
+            ratios = ratios_of[name].get(key)
             if ratios is None:
                 continue
             cells = [codes_of(rows[name], key, ("gs", "fp16"))] + ["—" if r is None else f"{r:.2f}" for r in ratios]
@@ -1880,6 +1889,15 @@ def readme_when_dense_path(docs: Path) -> str:
                         for key, r in sorted(ratios.items(), key=lambda kv: -kv[0][1]))
 
 
+@block("readme.when.dense_means")
+def readme_when_dense_means(docs: Path) -> str:
+    """The defaults' seconds to the target over FP16's per workload in docs/tta_dense_means.jsonl
+    (the rerun after the means were cast into one buffer handed out)."""
+    ratios = over_fp16(docs / DENSE_MEANS)
+    return " and ".join(f"{'—' if r[0] is None else f'{r[0]:.2f}×'} on the {key[0].upper()} at {key[1]} ranks"
+                        for key, r in sorted(ratios.items(), key=lambda kv: (kv[0][0] != "lm", kv[0][1])))
+
+
 @block("readme.when.powersgd")
 def readme_when_powersgd(docs: Path) -> str:
     """In how many first-screen settings PowerSGD rank 1 reached the target before the defaults, of those
@@ -1953,7 +1971,9 @@ def step_range_default(docs: Path) -> str:
 
 
 for _setting in ("one", "default"):
-    block(f"step_range.dense.{_setting}")(lambda docs, s=_setting: step_range(docs, s, "bench_step_dense.json"))
+    for _code in ("", ".56cd730"):
+        block(f"step_range.dense{_code}.{_setting}")(
+            lambda docs, s=_setting, c=_code: step_range(docs, s, f"bench_step_dense{c.replace('.', '_')}.json"))
 
 
 def step_range(docs: Path, setting: str, file: str = "bench_step.json") -> str:
