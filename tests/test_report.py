@@ -360,7 +360,7 @@ def test_stretches_between_evaluations_split_sparse_from_dense_against_fp16(tmp_
     """Two evaluations a run: the defaults' first stretch as dense as FP16's (its bytes) and 10 %
     slower, their second with fewer bytes (a sparse step) and twice FP16's seconds; the file's
     ratios to FP16 (to the target, reached at the second evaluation; the whole run; the dense
-    stretches) and the README's per-P phrase."""
+    stretches)."""
     def run(method: str, seed: int, seconds: tuple[float, float], sent: tuple[float, float]) -> dict:
         r = pilot_row("lm", 2, "1gbit", method, 1.0, seed)
         r["history"] = [{"seconds": seconds[0], "perplexity": 30.0, "wire_bytes": sent[0]},
@@ -375,7 +375,6 @@ def test_stretches_between_evaluations_split_sparse_from_dense_against_fp16(tmp_
     assert table[2] == "| lm | 2 | 1 Gbit/s | 2 of 4 | 2.00 | 1.10 |"
     to_target, whole, dense = report.over_fp16(tmp_path / "tta_dense_path.jsonl")[("lm", 2, "1gbit")]
     assert (round(to_target, 4), round(whole, 4), round(dense, 4)) == (1.55, 1.55, 1.1)
-    assert report.generator("readme.when.dense_path")(tmp_path) == "1.55× at 2 ranks"
 
 
 def test_the_cnns_steps_over_dense_count_epochs_interpolated_between_evaluations() -> None:

@@ -1880,24 +1880,6 @@ def readme_when_fast(docs: Path) -> str:
     return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
 
 
-@block("readme.when.dense_path")
-def readme_when_dense_path(docs: Path) -> str:
-    """The defaults' seconds to the target over FP16's per P in docs/tta_dense_path.jsonl (the
-    rerun after the dense path's finiteness check became one reduction)."""
-    ratios = over_fp16(docs / DENSE_PATH)
-    return " and ".join(f"{'—' if r[0] is None else f'{r[0]:.2f}×'} at {key[1]} ranks"
-                        for key, r in sorted(ratios.items(), key=lambda kv: -kv[0][1]))
-
-
-@block("readme.when.dense_means")
-def readme_when_dense_means(docs: Path) -> str:
-    """The defaults' seconds to the target over FP16's per workload in docs/tta_dense_means.jsonl
-    (the rerun after the means were cast into one buffer handed out)."""
-    ratios = over_fp16(docs / DENSE_MEANS)
-    return " and ".join(f"{'—' if r[0] is None else f'{r[0]:.2f}×'} on the {key[0].upper()} at {key[1]} ranks"
-                        for key, r in sorted(ratios.items(), key=lambda kv: (kv[0][0] != "lm", kv[0][1])))
-
-
 @block("readme.when.powersgd")
 def readme_when_powersgd(docs: Path) -> str:
     """In how many first-screen settings PowerSGD rank 1 reached the target before the defaults, of those
