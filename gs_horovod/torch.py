@@ -109,7 +109,7 @@ class GsSketch(GsSketchBase, Compressor):
         state = ctx.state
         if state.updates is None:  # the step's first decompress: its flags arrived
             self.agree(float(tensor[0]) * (state.sgd.comm.size if state.sgd.comm.averages else 1))
-            if state.keep_early():
+            if state.keep_early() and ctx.early:  # (not where the engine's collectives send it)
                 self._early_out[state] = DenseMeans(state, tensor.device)
         if not (ctx.early and state.early):
             return state.update_of(ctx.name).view(ctx.shape).to(ctx.dtype)
