@@ -1565,16 +1565,16 @@ def by_setting(summary: list[dict]) -> dict[tuple, dict[str, dict]]:
 
 
 @block("tta_defaults.verdicts")
-def tta_defaults_verdicts(docs: Path, name: str = "tta_defaults.jsonl") -> str:
-    """Per (workload, P, link) of docs/tta_defaults.jsonl (``name``): the fastest method (:func:`fastest`),
+def tta_defaults_verdicts(docs: Path) -> str:
+    """Per (workload, P, link) of docs/tta_defaults.jsonl: the fastest method (:func:`fastest`),
     the defaults' seconds, the ratio of their mean seconds to the fastest's and to FP16's, and
     the steps to the target over dense's (``none``; per seed, then the mean; the CNN's counted in
     epochs, interpolated between its evaluations, one an epoch). A setting whose
     methods ran different numbers of repeats (:func:`complete`) is named as such, not compared."""
-    cells = phase_cells_of(docs / name)
+    cells = phase_cells_of(docs / STUDY)
     lines = ["| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | gs ÷ FP16 "
              "| gs's steps ÷ dense's |", "|---|---|---|---|---|---|---|---|"]
-    for key, mine in by_setting(tta_summary(docs, name)).items():
+    for key, mine in by_setting(tta_summary(docs, STUDY)).items():
         if not complete(mine.values()):
             repeats = sorted({s["repeats"] for s in mine.values()})
             lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | incomplete: {repeats[0]}–"
@@ -1590,17 +1590,6 @@ def tta_defaults_verdicts(docs: Path, name: str = "tta_defaults.jsonl") -> str:
                      + (f"{best['method']}: {seconds_to_target(best)}" if best else "none in every repeat")
                      + f" | {seconds_to_target(gs) if gs else '—'} | {over[0]} | {over[1]} | {steps} |")
     return "\n".join(lines)
-
-
-@block("tta_unshaped.verdicts")
-def tta_unshaped_verdicts(docs: Path) -> str:
-    """The same for docs/tta_unshaped.jsonl, the study's methods on the unshaped link."""
-    return tta_defaults_verdicts(docs, UNSHAPED)
-
-
-@block("tta_unshaped.table")
-def tta_unshaped_table(docs: Path) -> str:
-    return tta.table(tta_summary(docs, UNSHAPED))
 
 
 @block("tta_defaults.goal")
@@ -1765,13 +1754,12 @@ def tta_dense_path_compare(docs: Path) -> str:
 # docs/tta_density_pilot.jsonl, for the settings the study has not run)
 
 STUDY = "tta_defaults.jsonl"
-UNSHAPED = "tta_unshaped.jsonl"  # the study's 2-rank settings on the unshaped link (issue 44, item 4)
 PILOT = "tta_density_pilot.jsonl"
 SCREEN_SOURCES = (STUDY, PILOT)
 """The first screen's data files, in precedence order: a setting is read from the first that has it."""
 SCREEN_METHODS = {"gs": "the defaults", "fp16": "FP16", "powersgd:rank=1": "PowerSGD r1", "none": "dense"}
 """The methods of the README's results table and plot, in column order, and their labels."""
-LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s", "local": "unshaped"}
+LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s"}
 
 
 def screen_summaries(docs: Path) -> dict[tuple, tuple[str, list[dict]]]:
