@@ -87,6 +87,11 @@ class CommStats(ByteCounts):
             setattr(self, name, getattr(self, name) + n)
 
 
+def sizes_of(grads: dict[str, Array]) -> list[tuple[str, int]]:
+    """(name, d) of each recorded gradient (d,), in record order."""
+    return [(n, int(g.shape[0])) for n, g in grads.items()]
+
+
 def check_restored(name: str, saved: int, size: int) -> None:
     """Raises ValueError unless a saved residual of ``saved`` elements fits a tensor of ``size``."""
     if saved != size:
@@ -181,12 +186,12 @@ class EngineState:
         """In an :attr:`early` step, once every gradient is recorded: lays out the DENSE plan and
         returns (n, name → (offset, d)), the places of the tensors' means in one (n,) f32 buffer
         (n = D + dense). The adapter casts each merged mean (float16) into its place as it
-        arrives and hands the buffer to :meth:`take_means`."""
+        arrives and hands the buffer to :meth:`take_means`. Marks the step's updates as being
+        handed out (:attr:`updates` {}), so that the next :meth:`record` starts a new step."""
         like = next(iter(self.grads.values()))
-        named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
         config, comm = self.sgd.config, self.sgd.comm
-        self._lay_out(Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=DENSE),
-                      like)
+        self._lay_out(Plan.split(sizes_of(self.grads), config, ranks=comm.size, allreduce_kind=comm.allreduce_kind,
+                                 level=DENSE), like)
         self.updates = {}
         plan = self.plan
         return plan.total + sum(plan.dense_sizes), {n: (o, d) for n, o, d in
@@ -198,12 +203,12 @@ class EngineState:
         (:meth:`GsSgd.dense_from_mean`: checks, NaN/Inf rule, counts, density) and returns each
         tensor's update (d,) f32: its view of ``mean``, or zeros where the step was skipped."""
         plan, ended, self._ended = self.plan, self._ended, None
-        named = [(n, int(g.shape[0])) for n, g in self.grads.items()]
         begun = self._recorded
         with self.ops.own_threads():
             result = self.sgd.dense_from_mean(plan, mean, [self.grads[n] for n in plan.all_names],
                                                  Prior(self.residual, self.momentum, self.steps), not self.checked)
-        return self._store(plan, named, result, list(self.grads.values()), ended, begun, begun, self._first)
+        return self._store(plan, sizes_of(self.grads), result, list(self.grads.values()), ended, begun, begun,
+                           self._first)
 
     def update_of(self, name: str) -> Array:
         """The step's update (d,) f32 of ``name``; the first call runs the step over every
@@ -217,7 +222,7 @@ class EngineState:
         step was skipped; returns each tensor's update, a view of the step's flat update."""
         config, comm, density = self.sgd.config, self.sgd.comm, self.density
         like = next(iter(grads.values()))
-        named = [(n, int(g.shape[0])) for n, g in grads.items()]
+        named = sizes_of(grads)
         begun = self.clock()
         if density is not None and density.due:  # a restored state may end a window here
             self._decide(named)

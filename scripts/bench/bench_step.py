@@ -174,9 +174,9 @@ def main(argv: list[str] | None = None) -> None:
         for setting in order:
             counts[setting] = set_threads(setting, startup)
             for name, model in chosen.items():
-                compressors = {"dense": hvd.Compression.none, "gs": GsSketch(ratio=args.ratio), "one float": OneFloat}
-                if args.level == "dense":
-                    compressors.update(dense=hvd.Compression.fp16, gs=GsSketch(budget=1e6))
+                dense, gs = ((hvd.Compression.fp16, GsSketch(budget=1e6)) if args.level == "dense"
+                             else (hvd.Compression.none, GsSketch(ratio=args.ratio)))
+                compressors = {"dense": dense, "gs": gs, "one float": OneFloat}
                 for label, seconds in time_steps(model, compressors, args.steps, args.warmup).items():
                     rows[name]["times"][setting][label].append(seconds)
             counts[setting]["numba"] = set_threads(setting, startup)["numba"]

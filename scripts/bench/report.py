@@ -793,9 +793,10 @@ def step_table(docs: Path, file: str = "bench_step.json") -> str:
     return "\n".join(lines)
 
 
-for _name, _file in {"step.dense.table": "bench_step_dense.json",
-                     "step.dense.table.56cd730": "bench_step_dense_56cd730.json"}.items():
-    block(_name)(lambda docs, f=_file: step_table(docs, f))  # bench_step.py --level dense: against FP16
+# bench_step.py --level dense (against FP16): block-name suffix → its record
+STEP_DENSE = {"": "bench_step_dense.json", ".56cd730": "bench_step_dense_56cd730.json"}
+for _suffix, _file in STEP_DENSE.items():
+    block(f"step.dense.table{_suffix}")(lambda docs, f=_file: step_table(docs, f))
 
 
 COMPUTE_METHODS = {"defaults": "gs-SGD (defaults)", "sparse": "gs-SGD (exchange=sparse)",
@@ -1953,9 +1954,8 @@ def step_range_default(docs: Path) -> str:
 
 
 for _setting in ("one", "default"):
-    for _code in ("", ".56cd730"):
-        block(f"step_range.dense{_code}.{_setting}")(
-            lambda docs, s=_setting, c=_code: step_range(docs, s, f"bench_step_dense{c.replace('.', '_')}.json"))
+    for _suffix, _file in STEP_DENSE.items():
+        block(f"step_range.dense{_suffix}.{_setting}")(lambda docs, s=_setting, f=_file: step_range(docs, s, f))
 
 
 def step_range(docs: Path, setting: str, file: str = "bench_step.json") -> str:
