@@ -201,11 +201,14 @@ def pilot_row(workload: str, ranks: int, rate: str, method: str, seconds: float 
 
 def test_the_readme_table_and_plot_follow_the_study_then_the_pilot(copy: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """A rerun study (two seeds, one setting) in docs/tta_defaults.jsonl and a pilot holding that
-    setting and another: ``--check`` names the README's table and the plot as stale; a rewrite
-    takes the study's setting from the study (not the pilot's row of it) and the other from the
-    pilot, with each file's repeats and code version, the fastest of every method, the new
-    ranges in the when-to-use lines and a new stamp in the PNG; the check passes again."""
+    """A rerun study (two seeds, a CNN and an LM setting) in docs/tta_defaults.jsonl, one unshaped setting in
+    docs/tta_unshaped.jsonl and a pilot holding the study's setting and another: ``--check``
+    names the README's table and the plot as stale; a rewrite takes the study's setting from the
+    study (not the pilot's row of it) and the other from the pilot, with each file's repeats and
+    code version, in order of link speed (unshaped last), the fastest of every method, the new
+    ranges in the when-to-use lines (every link but the slowest against FP16), the LM's steps
+    over dense's from the study and a new stamp in the PNG; the unshaped file's own verdict reads
+    it; the check passes again."""
     study = []
     for seed in (0, 1):
         study += [pilot_row("cnn", 8, "100mbit", "gs", 10.0 + seed, seed, 2e5),
@@ -213,13 +216,22 @@ def test_the_readme_table_and_plot_follow_the_study_then_the_pilot(copy: Path,
                   pilot_row("cnn", 8, "100mbit", "none", 40.0 + 2 * seed, seed, 3.3e6),
                   pilot_row("cnn", 8, "100mbit", "powersgd:rank=1", None, seed, 2e4),
                   pilot_row("cnn", 8, "100mbit", "topk", 9.0, seed, 3e4)]
+    for seed in (0, 1):  # the LM: the defaults at their 2nd evaluation (20 steps), dense at its 1st
+        lm_gs = pilot_row("lm", 2, "100mbit", "gs", 20.0, seed)
+        lm_gs["history"] = [{"seconds": 10.0, "perplexity": 40.0, "wire_bytes": 1e4},
+                            {"seconds": 20.0, "perplexity": 20.0, "wire_bytes": 2e4}]
+        study += [lm_gs, pilot_row("lm", 2, "100mbit", "none", 40.0, seed)]
+        study[-1]["history"][0]["perplexity"] = 20.0
     pilot = [{**r, "code": "def5678"} for r in (
         pilot_row("cnn", 8, "100mbit", "gs", 99.0, 0, 2e5),
         pilot_row("cnn", 8, "10gbit", "gs", 6.0, 0, 1.6e6),
         pilot_row("cnn", 8, "10gbit", "fp16", 4.0, 0, 1.6e6),
         pilot_row("cnn", 8, "10gbit", "none", 5.0, 0, 3.3e6),
         pilot_row("cnn", 8, "10gbit", "powersgd:rank=1", 3.0, 0, 2e4))]
+    unshaped = [{**pilot_row("cnn", 8, "local", method, seconds, seed, 1.6e6), "code": "fed9876"}
+                for seed in (0, 1) for method, seconds in (("gs", 3.0), ("fp16", 2.0), ("none", 4.0))]
     write_jsonl(copy / "docs" / "tta_defaults.jsonl", study)
+    write_jsonl(copy / "docs" / "tta_unshaped.jsonl", unshaped)
     write_jsonl(copy / "docs" / "tta_density_pilot.jsonl", pilot)
     png = copy / "docs" / "tta_defaults.png"
     before = report.png_stamp(png)
@@ -234,10 +246,18 @@ def test_the_readme_table_and_plot_follow_the_study_then_the_pilot(copy: Path,
             "| 41.0 s, 3,300 kB | topk, 9.0 s |") in readme
     assert ("| cnn (accuracy 0.93) | 8 | 10 Gbit/s | 6.0 s, 1,600 kB | 4.0 s, 1,600 kB | **3.0 s**, 20 kB "
             "| 5.0 s, 3,300 kB | powersgd:rank=1, 3.0 s |") in readme
+    unshaped_row = ("| cnn (accuracy 0.93) | 8 | unshaped | 3.0 s, 1,600 kB | **2.0 s**, 1,600 kB | — "
+                    "| 4.0 s, 1,600 kB | fp16, 2.0 s |")
+    assert readme.index("| 8 | 100 Mbit/s |") < readme.index("| 8 | 10 Gbit/s |") < readme.index(unshaped_row)
     assert ("cnn at P = 8: 2 repeats (seeds 0, 1), code abc1234 (docs/tta_defaults.jsonl); "
+            "cnn at P = 8: 2 repeats (seeds 0, 1), code fed9876 (docs/tta_unshaped.jsonl); "
             "cnn at P = 8: 1 repeat (seed 0), code def5678 (docs/tta_density_pilot.jsonl)") in readme
-    assert f"{10.5 / 41:.2f}× dense's seconds to the target on 100 Mbit/s (1 setting)" in readme
-    assert "1.50× FP16's seconds to the target on 10 Gbit/s (1 setting)" in readme
+    assert f"{10.5 / 41:.2f}–0.50× dense's seconds to the target on 100 Mbit/s (2 settings)" in readme
+    assert "the LM reached perplexity 20 in a mean of 2.00× (2 ranks; seeds 2.00–2.00×) dense's steps" in readme
+    assert ("1.50× FP16's seconds to the target on 10 Gbit/s (1 setting) and 1.50× FP16's seconds to the "
+            "target on unshaped (1 setting)") in readme
+    assert report.generator("tta_unshaped.goal")(copy / "docs").startswith(
+        "the defaults were the fastest in 0 of 1 settings and within 1.05× of the fastest in 0")
     assert ("PowerSGD rank 1 reached the target first in 1 of the 1 settings where both reached it "
             "(it missed the target in 1)") in readme
     assert report.png_stamp(png) not in (None, before)

@@ -28,6 +28,7 @@ import contextlib
 import difflib
 import io
 import json
+import math
 import re
 import statistics
 import sys
@@ -1461,12 +1462,17 @@ def density_phases_verdict(docs: Path) -> str:
 
 @block("readme.steps")
 def readme_steps(docs: Path) -> str:
-    """The defaults' LM steps to the target over dense's (docs/tta_phases.jsonl, the mean and
-    range over the seeds of each seed's ratio) per (P, link), and the range of their perplexity
-    over dense's along the 400-step runs (docs/tta_lm400.jsonl)."""
+    """The defaults' LM steps to the target over dense allreduce's (``none``) per P on the
+    study's slowest link (docs/tta_defaults.jsonl, as its verdicts' last column: the mean and
+    range over the seeds of each seed's ratio), and the range of their perplexity over dense's
+    along the 400-step runs (docs/tta_lm400.jsonl)."""
     parts, links, seeds = [], set(), set()
-    for (_, ranks, rate), methods in phase_cells_of(docs / PHASES).items():
-        ratios = [r for r in steps_over_dense(methods.get(PLAIN, {}), methods.get(DENSE_REFERENCE, {})).values()
+    cells = {key: methods for key, methods in phase_cells_of(docs / STUDY).items() if key[0] == "lm"}
+    slowest = min((key[2] for key in cells), key=link_bits)
+    for (_, ranks, rate), methods in sorted(cells.items()):
+        if rate != slowest:
+            continue
+        ratios = [r for r in steps_over_dense(methods.get("gs", {}), methods.get("none", {})).values()
                   if r is not None]
         if ratios:
             parts.append(f"{statistics.mean(ratios):.2f}× ({ranks} ranks; seeds {min(ratios):.2f}–{max(ratios):.2f}×)")
@@ -1565,17 +1571,16 @@ def by_setting(summary: list[dict]) -> dict[tuple, dict[str, dict]]:
     return out
 
 
-@block("tta_defaults.verdicts")
-def tta_defaults_verdicts(docs: Path) -> str:
-    """Per (workload, P, link) of docs/tta_defaults.jsonl: the fastest method (:func:`fastest`),
-    the defaults' seconds, the ratio of their mean seconds to the fastest's and to FP16's, and
-    the steps to the target over dense's (``none``; per seed, then the mean; the CNN's counted in
-    epochs, interpolated between its evaluations, one an epoch). A setting whose
-    methods ran different numbers of repeats (:func:`complete`) is named as such, not compared."""
-    cells = phase_cells_of(docs / STUDY)
+def verdicts(docs: Path, name: str) -> str:
+    """Per (workload, P, link) of ``docs/NAME``: the fastest method (:func:`fastest`), the
+    defaults' seconds, the ratio of their mean seconds to the fastest's and to FP16's, and the
+    steps to the target over dense's (``none``; per seed, then the mean; the CNN's counted in
+    epochs, interpolated between its evaluations, one an epoch). A setting whose methods ran
+    different numbers of repeats (:func:`complete`) is named as such, not compared."""
+    cells = phase_cells_of(docs / name)
     lines = ["| workload | P | link | fastest to target | the defaults (gs) | gs ÷ fastest | gs ÷ FP16 "
              "| gs's steps ÷ dense's |", "|---|---|---|---|---|---|---|---|"]
-    for key, mine in by_setting(tta_summary(docs, STUDY)).items():
+    for key, mine in by_setting(tta_summary(docs, name)).items():
         if not complete(mine.values()):
             repeats = sorted({s["repeats"] for s in mine.values()})
             lines.append(f"| {key[0]} | {key[1]} | {LINKS.get(key[2], key[2])} | incomplete: {repeats[0]}–"
@@ -1593,13 +1598,12 @@ def tta_defaults_verdicts(docs: Path) -> str:
     return "\n".join(lines)
 
 
-@block("tta_defaults.goal")
-def tta_defaults_goal(docs: Path) -> str:
-    """Over the complete settings of docs/tta_defaults.jsonl (:func:`complete`): in how many the
-    defaults were the fastest, within :data:`NEAR_FASTEST` of the fastest's mean seconds, missed
-    the target in some repeat; the range of their seconds over FP16's on each link; and how many
+def goal(docs: Path, name: str) -> str:
+    """Over the complete settings of ``docs/NAME`` (:func:`complete`): in how many the defaults
+    were the fastest, within :data:`NEAR_FASTEST` of the fastest's mean seconds, missed the
+    target in some repeat; the range of their seconds over FP16's on each link; and how many
     settings were left out as incomplete."""
-    settings = by_setting(tta_summary(docs, STUDY))
+    settings = by_setting(tta_summary(docs, name))
     done = {key: mine for key, mine in settings.items() if complete(mine.values())}
     first, near, missed, over_fp16 = defaults_counts(done, NEAR_FASTEST)
     clauses = [f"the defaults were the fastest in {first} of {len(done)} settings and within {NEAR_FASTEST}× "
@@ -1609,6 +1613,42 @@ def tta_defaults_goal(docs: Path) -> str:
     if len(done) < len(settings):
         clauses.append(f"{len(settings) - len(done)} incomplete setting(s) left out")
     return "; ".join(clauses)
+
+
+@block("tta_defaults.verdicts")
+def tta_defaults_verdicts(docs: Path) -> str:
+    """:func:`verdicts` of the study on shaped links (docs/tta_defaults.jsonl)."""
+    return verdicts(docs, STUDY)
+
+
+@block("tta_defaults.goal")
+def tta_defaults_goal(docs: Path) -> str:
+    """:func:`goal` of the study on shaped links (docs/tta_defaults.jsonl)."""
+    return goal(docs, STUDY)
+
+
+@block("tta_unshaped.segments")
+def tta_unshaped_segments(docs: Path) -> str:
+    """:func:`segments_table` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
+    return segments_table(docs / UNSHAPED)
+
+
+@block("tta_unshaped.table")
+def tta_unshaped_table(docs: Path) -> str:
+    """``bench_time_to_accuracy.py report docs/tta_unshaped.jsonl``'s table."""
+    return tta.table(tta_summary(docs, UNSHAPED))
+
+
+@block("tta_unshaped.verdicts")
+def tta_unshaped_verdicts(docs: Path) -> str:
+    """:func:`verdicts` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
+    return verdicts(docs, UNSHAPED)
+
+
+@block("tta_unshaped.goal")
+def tta_unshaped_goal(docs: Path) -> str:
+    """:func:`goal` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
+    return goal(docs, UNSHAPED)
 
 
 def segments(row: dict) -> list[tuple[float, float]]:
@@ -1755,18 +1795,21 @@ def tta_dense_path_compare(docs: Path) -> str:
 # docs/tta_density_pilot.jsonl, for the settings the study has not run)
 
 STUDY = "tta_defaults.jsonl"
+UNSHAPED = "tta_unshaped.jsonl"
+"""The study's settings on the unshaped link (``--rates local``: no tc on the ranks' veth links)."""
 PILOT = "tta_density_pilot.jsonl"
-SCREEN_SOURCES = (STUDY, PILOT)
+SCREEN_SOURCES = (STUDY, UNSHAPED, PILOT)
 """The first screen's data files, in precedence order: a setting is read from the first that has it."""
 SCREEN_METHODS = {"gs": "the defaults", "fp16": "FP16", "powersgd:rank=1": "PowerSGD r1", "none": "dense"}
 """The methods of the README's results table and plot, in column order, and their labels."""
-LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s"}
+LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s", "local": "unshaped"}
 
 
 def screen_summaries(docs: Path) -> dict[tuple, tuple[str, list[dict]]]:
     """Per (workload, P, link) of :data:`SCREEN_SOURCES` (the first file where it is
     :func:`complete`; files that do not exist skipped): (that file's name, its
-    :func:`bench_time_to_accuracy.summarise` rows of every method)."""
+    :func:`bench_time_to_accuracy.summarise` rows of every method); ordered by workload (as
+    first met), P, then link speed."""
     out: dict[tuple, tuple[str, list[dict]]] = {}
     for name in SCREEN_SOURCES:
         if not (docs / name).exists():
@@ -1776,7 +1819,8 @@ def screen_summaries(docs: Path) -> dict[tuple, tuple[str, list[dict]]]:
                 out.setdefault(key, (name, list(methods.values())))
     if not out:
         raise KeyError(f"none of {', '.join(SCREEN_SOURCES)} in {docs}")
-    return out
+    workloads = list(dict.fromkeys(key[0] for key in out))
+    return dict(sorted(out.items(), key=lambda kv: (workloads.index(kv[0][0]), kv[0][1], link_bits(kv[0][2]))))
 
 
 def screen_cells(docs: Path) -> dict[tuple, dict[str, tuple[float | None, float | None]]]:
@@ -1789,14 +1833,16 @@ def screen_cells(docs: Path) -> dict[tuple, dict[str, tuple[float | None, float 
 
 
 def screen_provenance(docs: Path) -> str:
-    """Per workload and data file of the first screen: the rank counts of the settings read from
-    it, and those settings' repeats (seeds) and code versions, as the README's table caption
-    says them."""
+    """Per workload and data file of the first screen (files in :data:`SCREEN_SOURCES` order): the
+    rank counts of the settings read from it, and those settings' repeats (seeds) and code
+    versions, as the README's table caption says them."""
     used: dict[tuple[str, str], set[tuple]] = {}
     for key, (name, _) in screen_summaries(docs).items():
         used.setdefault((key[0], name), set()).add(key)
+    workloads = list(dict.fromkeys(workload for workload, _ in used))
     parts = []
-    for (workload, name), keys in used.items():
+    for (workload, name), keys in sorted(used.items(), key=lambda kv: (workloads.index(kv[0][0]),
+                                                                       SCREEN_SOURCES.index(kv[0][1]))):
         rows = [r for r in tta.read_rows(docs / name) if (r["workload"], r["ranks"], r["rate"]) in keys]
         seeds = sorted({r.get("seed", r["repeat"]) for r in rows})
         ranks = sorted({key[1] for key in keys})
@@ -1875,10 +1921,15 @@ def readme_when_slow(docs: Path) -> str:
 
 @block("readme.when.fast")
 def readme_when_fast(docs: Path) -> str:
-    """The defaults' seconds to the target over FP16's on the first screen's fastest link."""
-    rate = max(screen_rates(docs), key=link_bits)
-    ratios = screen_ratios(docs, "fp16", rate)
-    return f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} ({n_settings(len(ratios))})"
+    """The defaults' seconds to the target over FP16's on each of the first screen's links but
+    the slowest, fastest last."""
+    rates = sorted(screen_rates(docs), key=link_bits)[1:]
+    parts = []
+    for rate in rates:
+        ratios = screen_ratios(docs, "fp16", rate)
+        parts.append(f"{ratio_range(ratios)} FP16's seconds to the target on {LINKS.get(rate, rate)} "
+                     f"({n_settings(len(ratios))})")
+    return " and ".join(parts)
 
 
 @block("readme.when.powersgd")
@@ -1899,7 +1950,10 @@ def screen_rates(docs: Path) -> list[str]:
 
 
 def link_bits(rate: str) -> float:
-    """``100mbit`` → 1e8 bits a second (the links of scripts/bench/shaped.sh)."""
+    """``100mbit`` → 1e8 bits a second (the links of scripts/bench/shaped.sh); ``local`` (not
+    shaped: the veth links of one VM, as fast as its memory) → inf."""
+    if rate == "local":
+        return math.inf
     m = re.fullmatch(r"(\d+)(k|m|g)bit", rate)
     if not m:
         raise ValueError(f"unknown link {rate!r}")
