@@ -1550,12 +1550,6 @@ NEAR_FASTEST = 1.05
 """Issue 44's goal: the defaults within this factor of the fastest method's mean seconds."""
 
 
-@block("tta_defaults.table")
-def tta_defaults_table(docs: Path) -> str:
-    """``bench_time_to_accuracy.py report docs/tta_defaults.jsonl``'s table."""
-    return tta.table(tta_summary(docs, STUDY))
-
-
 def complete(mine: Iterable[dict]) -> bool:
     """Whether every method of one setting's summaries ran as many repeats as the others (a study
     still running, or one stopped, has settings where they differ), ``gs`` among them."""
@@ -1615,42 +1609,6 @@ def goal(docs: Path, name: str) -> str:
     return "; ".join(clauses)
 
 
-@block("tta_defaults.verdicts")
-def tta_defaults_verdicts(docs: Path) -> str:
-    """:func:`verdicts` of the study on shaped links (docs/tta_defaults.jsonl)."""
-    return verdicts(docs, STUDY)
-
-
-@block("tta_defaults.goal")
-def tta_defaults_goal(docs: Path) -> str:
-    """:func:`goal` of the study on shaped links (docs/tta_defaults.jsonl)."""
-    return goal(docs, STUDY)
-
-
-@block("tta_unshaped.segments")
-def tta_unshaped_segments(docs: Path) -> str:
-    """:func:`segments_table` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
-    return segments_table(docs / UNSHAPED)
-
-
-@block("tta_unshaped.table")
-def tta_unshaped_table(docs: Path) -> str:
-    """``bench_time_to_accuracy.py report docs/tta_unshaped.jsonl``'s table."""
-    return tta.table(tta_summary(docs, UNSHAPED))
-
-
-@block("tta_unshaped.verdicts")
-def tta_unshaped_verdicts(docs: Path) -> str:
-    """:func:`verdicts` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
-    return verdicts(docs, UNSHAPED)
-
-
-@block("tta_unshaped.goal")
-def tta_unshaped_goal(docs: Path) -> str:
-    """:func:`goal` of the study on the unshaped link (docs/tta_unshaped.jsonl)."""
-    return goal(docs, UNSHAPED)
-
-
 def segments(row: dict) -> list[tuple[float, float]]:
     """(seconds, wire bytes through a rank) of each stretch between evaluations of a run (the
     first from the start of training), evaluations included."""
@@ -1666,11 +1624,6 @@ def stretches(gs: dict, fp16: dict) -> list[tuple[bool, float, float]]:
     (:func:`segments`): (whether the defaults' stretch sent under 99 % of FP16's bytes, i.e. some
     step at a sparse level; its seconds; FP16's)."""
     return [(b < 0.99 * b16, t, t16) for (t, b), (t16, b16) in zip(segments(gs), segments(fp16))]
-
-
-@block("tta_defaults.segments")
-def tta_defaults_segments(docs: Path) -> str:
-    return segments_table(docs / STUDY)
 
 
 @block("tta_dense_path.segments")
@@ -1803,6 +1756,15 @@ SCREEN_SOURCES = (STUDY, UNSHAPED, PILOT)
 SCREEN_METHODS = {"gs": "the defaults", "fp16": "FP16", "powersgd:rank=1": "PowerSGD r1", "none": "dense"}
 """The methods of the README's results table and plot, in column order, and their labels."""
 LINKS = {"100mbit": "100 Mbit/s", "1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s", "local": "unshaped"}
+STUDY_FILES = {"tta_defaults": STUDY, "tta_unshaped": UNSHAPED}
+"""The study's files by block prefix (shaped links; the unshaped one). Each has four blocks:
+PREFIX.table (``bench_time_to_accuracy.py report``'s table), .verdicts (:func:`verdicts`),
+.goal (:func:`goal`) and .segments (:func:`segments_table`)."""
+for _prefix, _name in STUDY_FILES.items():
+    block(f"{_prefix}.table")(lambda docs, name=_name: tta.table(tta_summary(docs, name)))
+    block(f"{_prefix}.verdicts")(lambda docs, name=_name: verdicts(docs, name))
+    block(f"{_prefix}.goal")(lambda docs, name=_name: goal(docs, name))
+    block(f"{_prefix}.segments")(lambda docs, name=_name: segments_table(docs / name))
 
 
 def screen_summaries(docs: Path) -> dict[tuple, tuple[str, list[dict]]]:
