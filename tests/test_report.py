@@ -451,3 +451,14 @@ def test_the_dense_path_table_names_each_settings_own_code(tmp_path: Path) -> No
     lines = report.generator("tta_dense_path.compare")(tmp_path).splitlines()
     assert [line.split(" | ")[3] for line in lines[2:]] == ["aaa1111", "ccc3333", "bbb2222", "ddd4444"], lines
     assert report.codes_of([{"code": "b"}, {"code": "a"}, {}]) == "a, b, unknown"
+
+
+def test_the_unshaped_verdicts_read_their_own_file_and_name_the_link(tmp_path: Path) -> None:
+    """docs/tta_unshaped.jsonl's verdicts: the study's columns for its own rows, the link named
+    "unshaped"; the study's file is not read (it does not exist here)."""
+    rows = [pilot_row("lm", 2, "local", method, seconds) for method, seconds in
+            (("gs", 6.0), ("fp16", 5.0), ("none", 8.0))]
+    write_jsonl(tmp_path / "tta_unshaped.jsonl", rows)
+    lines = report.generator("tta_unshaped.verdicts")(tmp_path).splitlines()
+    assert lines[2].startswith("| lm | 2 | unshaped | fp16: 5.0 s | 6.0 s | 1.20 | 1.20 |"), lines
+    assert report.link_bits("local") > report.link_bits("10gbit")

@@ -1468,6 +1468,8 @@ def readme_steps(docs: Path) -> str:
     along the 400-step runs (docs/tta_lm400.jsonl)."""
     parts, links, seeds = [], set(), set()
     cells = {key: methods for key, methods in phase_cells_of(docs / STUDY).items() if key[0] == "lm"}
+    if not cells:
+        raise KeyError(f"no LM setting in docs/{STUDY}")
     slowest = min((key[2] for key in cells), key=link_bits)
     for (_, ranks, rate), methods in sorted(cells.items()):
         if rate != slowest:
