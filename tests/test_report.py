@@ -397,6 +397,44 @@ def test_stretches_between_evaluations_split_sparse_from_dense_against_fp16(tmp_
     assert (round(to_target, 4), round(whole, 4), round(dense, 4)) == (1.55, 1.55, 1.1)
 
 
+def test_the_first_stretch_table_sets_the_start_of_a_run_apart_from_the_rest(tmp_path: Path) -> None:
+    """Three evaluations a run: the defaults' first stretch sparse (fewer bytes) and 1.5× FP16's
+    seconds, the later ones as FP16's; the defaults held dense 1.2× FP16's at first. Each method's
+    first, later and to-target ratios over FP16 and where its sparse steps were."""
+    def run(method: str, seed: int, seconds: tuple[float, ...], sent: tuple[float, ...]) -> dict:
+        r = pilot_row("lm", 4, "1gbit", method, 1.0, seed)
+        r["history"] = [{"seconds": t, "perplexity": p, "wire_bytes": b}
+                        for t, p, b in zip(seconds, (30.0, 20.0, 15.0), sent)]
+        return r
+
+    rows = []
+    for seed in (0, 1):
+        rows += [run("gs", seed, (15.0, 25.0, 35.0), (50.0, 150.0, 250.0)),
+                 run("gs:budget=1000000", seed, (12.0, 22.0, 32.0), (100.0, 200.0, 300.0)),
+                 run("fp16", seed, (10.0, 20.0, 30.0), (100.0, 200.0, 300.0))]
+    write_jsonl(tmp_path / report.FIRST_STRETCH, rows)
+    table = report.tta_first_stretch_table(tmp_path).splitlines()
+    assert table[2:] == ["| lm | 4 | 1 Gbit/s | gs | 1.50 | 1.00 | 1.25 | 2 of 2, 0 of 4 |",
+                         "| lm | 4 | 1 Gbit/s | gs:budget=1000000 | 1.20 | 1.00 | 1.10 | 0 of 2, 0 of 4 |"]
+    assert report.tta_first_stretch_held(tmp_path) == ("held at their dense level the defaults took 1.10× FP16's "
+                                                       "seconds to the target, as shipped 1.25× (lm at 4 ranks on "
+                                                       "1 Gbit/s)")
+
+
+def test_the_final_table_gives_each_seeds_last_metric_and_the_bytes_at_both_ends(tmp_path: Path) -> None:
+    """Two seeds of two evaluations each: the last accuracy's mean and each seed's, and the mean
+    wire MB at the first evaluation and at the end."""
+    rows = []
+    for seed, last in ((0, 0.5), (1, 0.7)):
+        r = pilot_row("cnn", 16, "100mbit modelled", "gs", None, seed)
+        r["history"] = [{"seconds": 1.0, "accuracy": 0.3, "wire_bytes": 1e6 * (1 + seed)},
+                        {"seconds": 2.0, "accuracy": last, "wire_bytes": 3e6}]
+        rows.append(r)
+    write_jsonl(tmp_path / "sim.jsonl", rows)
+    assert report.final_table(tmp_path / "sim.jsonl").splitlines()[2] == \
+        "| cnn | 16 | 100mbit modelled | gs | 0.600 [0.500, 0.700] | 1.5 | 3.0 |"
+
+
 def test_the_cnns_steps_over_dense_count_epochs_interpolated_between_evaluations() -> None:
     """The CNN evaluates once an epoch, whose steps depend on P: its steps to the target are
     compared in epochs (the same schedule for both runs). The defaults reach 0.93 a quarter of

@@ -33,7 +33,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -1508,6 +1508,38 @@ def density_union_verdict(docs: Path) -> str:
     return options_verdict(docs / UNION, "none", PLAIN)
 
 
+SIM_CNN = "tta_sim_cnn.jsonl"  # the CNN at the defaults, dense and PowerSGD rank 1 and 2 on 16 and 64 simulated ranks
+
+
+@block("density.sim_cnn")
+def density_sim_cnn(docs: Path) -> str:
+    """docs/tta_sim_cnn.jsonl: the CNN at the defaults against dense's steps and PowerSGD's metric
+    at equal cumulative wire bytes (:func:`steps_table`)."""
+    return steps_table(docs / SIM_CNN, "none", PLAIN)
+
+
+@block("density.sim_cnn_final")
+def density_sim_cnn_final(docs: Path) -> str:
+    """docs/tta_sim_cnn.jsonl: :func:`final_table`."""
+    return final_table(docs / SIM_CNN)
+
+
+def final_table(path: Path) -> str:
+    """Per (workload, P, link) and method of a time-to-accuracy file: the held-out metric at the
+    last evaluation (mean over the seeds, each seed's in brackets), and the wire MB a rank at the
+    first evaluation and at the end (means over the seeds)."""
+    lines = ["| workload | P | link | method | metric at the end: mean [per seed] | wire MB a rank at the first "
+             "evaluation | at the end |", "|---|---|---|---|---|---|---|"]
+    for (workload, ranks, rate), methods in phase_cells_of(path).items():
+        for method, seeds in methods.items():
+            rows = [seeds[k] for k in sorted(seeds)]
+            last = [r["history"][-1][r["metric"]] for r in rows]
+            first_mb, end_mb = (statistics.mean(r["history"][i]["wire_bytes"] for r in rows) / 1e6 for i in (0, -1))
+            lines.append(f"| {workload} | {ranks} | {rate} | {method} | {statistics.mean(last):.3f} "
+                         f"[{', '.join(f'{v:.3f}' for v in last)}] | {first_mb:,.1f} | {end_mb:,.1f} |")
+    return "\n".join(lines)
+
+
 LONG = "tta_lm400.jsonl"
 LONG_STEPS = (20, 50, 100, 200, 400)
 
@@ -1659,6 +1691,78 @@ def segments_table(path: Path) -> str:
         lines.append(f"| {workload} | {ranks} | {LINKS.get(rate, rate)} | {sums[True][0]} of {total} | {ratio[0]} "
                      f"| {ratio[1]} |")
     return "\n".join(lines)
+
+
+FIRST_STRETCH = "tta_first_stretch.jsonl"  # the defaults, the defaults held dense and FP16 at 4 ranks on 1 Gbit/s
+
+
+HELD_DENSE = "gs:budget=1000000"
+"""The defaults held at their dense level (a budget no dense step exceeds)."""
+
+
+class FirstStretch(NamedTuple):
+    """One method of one setting against FP16's runs of the same seeds: its first stretch between
+    evaluations (from the start of training) and its later ones over FP16's (sums over the
+    seeds), its mean seconds to the target over FP16's (None unless every seed of both reached
+    it), how many seeds and later stretches, and how many of the first and of the later
+    stretches sent fewer bytes than FP16's (some step at a sparse level)."""
+
+    setting: tuple
+    method: str
+    first: float
+    later: float
+    target: float | None
+    seeds: int
+    rest: int
+    sparse_first: int
+    sparse_later: int
+
+
+def first_stretches(docs: Path) -> list[FirstStretch]:
+    """A :class:`FirstStretch` per setting and method of docs/tta_first_stretch.jsonl but FP16."""
+    targets, out = tta.targets_of([]), []
+    for key, methods in phase_cells_of(docs / FIRST_STRETCH).items():
+        fp16 = methods.get("fp16", {})
+        for method, runs in methods.items():
+            seeds = sorted(set(runs) & set(fp16))
+            if method == "fp16" or not seeds:
+                continue
+            pairs = [stretches(runs[k], fp16[k]) for k in seeds]
+            first = sum(p[0][1] for p in pairs) / sum(p[0][2] for p in pairs)
+            later = sum(t for p in pairs for _, t, _ in p[1:]) / sum(t for p in pairs for _, _, t in p[1:])
+            reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[key[0]]) for k in seeds]
+                     for side in (runs, fp16)]
+            target = None if None in reach[0] + reach[1] else statistics.mean(reach[0]) / statistics.mean(reach[1])
+            out.append(FirstStretch(key, method, first, later, target, len(seeds), sum(len(p) - 1 for p in pairs),
+                                    sum(p[0][0] for p in pairs), sum(s for p in pairs for s, _, _ in p[1:])))
+    return out
+
+
+@block("tta_first_stretch.table")
+def tta_first_stretch_table(docs: Path) -> str:
+    """:func:`first_stretches` as a table."""
+    lines = ["| workload | P | link | method | first stretch ÷ FP16's | later stretches ÷ FP16's "
+             "| seconds to target ÷ FP16's | stretches with a sparse step: first, later (of seeds) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in first_stretches(docs):
+        (workload, ranks, rate), target = r.setting, "—" if r.target is None else f"{r.target:.2f}"
+        lines.append(f"| {workload} | {ranks} | {LINKS.get(rate, rate)} | {r.method} | {r.first:.2f} | {r.later:.2f} "
+                     f"| {target} | {r.sparse_first} of {r.seeds}, {r.sparse_later} of {r.rest} |")
+    return "\n".join(lines)
+
+
+@block("tta_first_stretch.held")
+def tta_first_stretch_held(docs: Path) -> str:
+    """The range of seconds to the target over FP16's of the defaults held dense and of the
+    defaults, over the settings of docs/tta_first_stretch.jsonl."""
+    ratios: dict[str, list[float]] = {HELD_DENSE: [], "gs": []}
+    settings = set()
+    for r in first_stretches(docs):
+        if r.method in ratios and r.target is not None:
+            ratios[r.method].append(r.target)
+            settings.add(f"{r.setting[0]} at {r.setting[1]} ranks on {LINKS.get(r.setting[2], r.setting[2])}")
+    return (f"held at their dense level the defaults took {ratio_range(ratios[HELD_DENSE])} FP16's seconds to the "
+            f"target, as shipped {ratio_range(ratios['gs'])} ({', '.join(sorted(settings))})")
 
 
 DENSE_PATH = "tta_dense_path.jsonl"
@@ -1961,17 +2065,11 @@ def points_below_dense(docs: Path, name: str) -> str:
     return f"{100 * (ours - dense):+.2f} points".replace("-", "−")
 
 
-@block("step_range.one")
-def step_range_one(docs: Path) -> str:
-    return step_range(docs, "one")
-
-
-@block("step_range.default")
-def step_range_default(docs: Path) -> str:
-    return step_range(docs, "default")
-
-
+STEP_SPARSE = {"": "bench_step.json", ".50e1c5f": "bench_step_50e1c5f.json"}
+"""bench_step.py at ratio 0.001 by block suffix: now, and the record it replaced (code 50e1c5f)."""
 for _setting in ("one", "default"):
+    for _suffix, _file in STEP_SPARSE.items():
+        block(f"step_range{_suffix}.{_setting}")(lambda docs, s=_setting, f=_file: step_range(docs, s, f))
     for _suffix, _file in STEP_DENSE.items():
         block(f"step_range.dense{_suffix}.{_setting}")(lambda docs, s=_setting, f=_file: step_range(docs, s, f))
 
