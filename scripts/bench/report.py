@@ -1511,13 +1511,6 @@ def density_union_verdict(docs: Path) -> str:
 SIM_CNN = "tta_sim_cnn.jsonl"  # the CNN at the defaults, dense and PowerSGD rank 1 and 2 on 16 and 64 simulated ranks
 
 
-@block("density.sim_cnn")
-def density_sim_cnn(docs: Path) -> str:
-    """docs/tta_sim_cnn.jsonl: the CNN at the defaults against dense's steps and PowerSGD's metric
-    at equal cumulative wire bytes (:func:`steps_table`)."""
-    return steps_table(docs / SIM_CNN, "none", PLAIN)
-
-
 @block("density.sim_cnn_final")
 def density_sim_cnn_final(docs: Path) -> str:
     """docs/tta_sim_cnn.jsonl: :func:`final_table`."""
@@ -1694,8 +1687,6 @@ def segments_table(path: Path) -> str:
 
 
 FIRST_STRETCH = "tta_first_stretch.jsonl"  # the defaults, the defaults held dense and FP16 at 4 ranks on 1 Gbit/s
-
-
 HELD_DENSE = "gs:budget=1000000"
 """The defaults held at their dense level (a budget no dense step exceeds)."""
 
@@ -1718,9 +1709,18 @@ class FirstStretch(NamedTuple):
     sparse_later: int
 
 
+def target_ratio(mine: dict[int, dict], theirs: dict[int, dict], seeds: list[int]) -> float | None:
+    """The mean seconds to the target of ``mine``'s runs of ``seeds`` (seed → row) over
+    ``theirs``'; None unless every one of those runs reached it."""
+    targets = tta.targets_of([])
+    reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[side[k]["workload"]]) for k in seeds]
+             for side in (mine, theirs)]
+    return None if None in reach[0] + reach[1] else statistics.mean(reach[0]) / statistics.mean(reach[1])
+
+
 def first_stretches(docs: Path) -> list[FirstStretch]:
     """A :class:`FirstStretch` per setting and method of docs/tta_first_stretch.jsonl but FP16."""
-    targets, out = tta.targets_of([]), []
+    out = []
     for key, methods in phase_cells_of(docs / FIRST_STRETCH).items():
         fp16 = methods.get("fp16", {})
         for method, runs in methods.items():
@@ -1730,10 +1730,8 @@ def first_stretches(docs: Path) -> list[FirstStretch]:
             pairs = [stretches(runs[k], fp16[k]) for k in seeds]
             first = sum(p[0][1] for p in pairs) / sum(p[0][2] for p in pairs)
             later = sum(t for p in pairs for _, t, _ in p[1:]) / sum(t for p in pairs for _, _, t in p[1:])
-            reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[key[0]]) for k in seeds]
-                     for side in (runs, fp16)]
-            target = None if None in reach[0] + reach[1] else statistics.mean(reach[0]) / statistics.mean(reach[1])
-            out.append(FirstStretch(key, method, first, later, target, len(seeds), sum(len(p) - 1 for p in pairs),
+            out.append(FirstStretch(key, method, first, later, target_ratio(runs, fp16, seeds), len(seeds),
+                                    sum(len(p) - 1 for p in pairs),
                                     sum(p[0][0] for p in pairs), sum(s for p in pairs for s, _, _ in p[1:])))
     return out
 
@@ -1774,18 +1772,15 @@ def over_fp16(path: Path) -> dict[tuple, tuple[float | None, float, float | None
     ratio of the defaults' mean seconds to FP16's to the target (None unless every seed of both
     reached it) and over the whole run (the last evaluation's), and over the stretches where
     every step was dense (:func:`stretches`; None if none was)."""
-    targets, out = tta.targets_of([]), {}
+    out = {}
     for key, methods in phase_cells_of(path).items():
         gs, fp16 = methods.get("gs", {}), methods.get("fp16", {})
         seeds = sorted(set(gs) & set(fp16))
         if not seeds:
             continue
-        reach = [[tta.time_to_target(side[k]["history"], side[k]["metric"], targets[key[0]]) for k in seeds]
-                 for side in (gs, fp16)]
         whole = [statistics.mean(side[k]["history"][-1]["seconds"] for k in seeds) for side in (gs, fp16)]
         dense = [(t, t16) for k in seeds for sparse, t, t16 in stretches(gs[k], fp16[k]) if not sparse]
-        out[key] = (statistics.mean(reach[0]) / statistics.mean(reach[1]) if None not in reach[0] + reach[1]
-                    else None, whole[0] / whole[1],
+        out[key] = (target_ratio(gs, fp16, seeds), whole[0] / whole[1],
                     sum(t for t, _ in dense) / sum(t for _, t in dense) if dense else None)
     return out
 
