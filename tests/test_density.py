@@ -14,7 +14,7 @@ from conftest import horovodrun, torchrun
 from differ import assert_equal, assert_ranks_agree
 
 from gs_horovod.engine import CommStats, EngineState, GsConfig, GsSgd, Plan
-from gs_horovod.engine.density import CHOICES, DENSE, LEVELS, WINDOW, Density, choose, ramp_floor, schedule
+from gs_horovod.engine.density import BLIND, CHOICES, DENSE, LEVELS, WINDOW, Density, choose, ramp_floor, schedule
 from gs_horovod.kernels.torch_ops import TorchOps
 from gs_horovod.transports.collective_cost import total_wire_bytes
 from gs_horovod.transports.simulated import SimulatedRanks
@@ -44,11 +44,24 @@ def test_a_slow_link_goes_sparse_and_as_dense_as_the_budget_allows():
 
 
 def test_the_selections_own_seconds_do_not_push_k_down_but_can_make_dense_the_choice():
-    unmeasured = choose(0.5, 0.1, {DENSE: 0.06}, wire_of)
+    unmeasured = choose(0.5, 0.1, {DENSE: 0.12}, wire_of)
     assert unmeasured in LEVELS
-    slow_selection = {DENSE: 0.06, unmeasured: 0.09}  # its window: 0.09 s, mostly the selection
+    slow_selection = {DENSE: 0.12, unmeasured: 0.15}  # its window: 0.15 s, mostly the selection
     assert choose(0.5, 0.1, {**slow_selection, unmeasured: 0.055}, wire_of) == unmeasured
     assert choose(0.5, 0.1, slow_selection, wire_of) == DENSE, "dense costs less than the sparse level"
+
+
+def test_before_any_sparse_level_ran_dense_is_left_only_for_twice_the_budget():
+    """The first trial of a sparse level is priced without the selection's seconds, so the rule
+    leaves dense only where its tail exceeds BLIND times the budget; once a sparse level was
+    measured, the plain comparison holds."""
+    allowed = 0.5 * 0.1
+    just_under, just_over = {DENSE: BLIND * allowed * 0.99}, {DENSE: BLIND * allowed * 1.01}
+    assert choose(0.5, 0.1, just_under, wire_of) == DENSE
+    tried = choose(0.5, 0.1, just_over, wire_of)
+    assert tried in LEVELS
+    assert choose(0.5, 0.1, {**just_under, tried: allowed * 0.9}, wire_of) == tried, "measured: plain rule"
+    assert choose(0.5, 0.1, {DENSE: allowed * 0.99}, wire_of) == DENSE
 
 
 def test_bounds_the_sparsest_level_when_nothing_fits_and_dense_at_one_rank():
@@ -69,7 +82,7 @@ def test_a_window_takes_the_least_exchange_and_the_slowest_compute():
     assert d.decide(lambda local: waited, wire_of, 0.5) == DENSE  # 0.01 s of exchange ≤ 0.5 · 0.1 s
     assert d.seconds == {DENSE: 0.01} and d.links == {DENSE: 0.01} and d.measured == 0
     d = Density(DENSE, WINDOW)
-    assert d.decide(lambda local: waited[::-1] * [1, 6, 6, 1, 1], wire_of, 0.5) in LEVELS  # now 0.06 s > 0.05 s
+    assert d.decide(lambda local: waited[::-1] * [1, 12, 12, 1, 1], wire_of, 0.5) in LEVELS  # 0.12 s > 2 · 0.05 s
 
 
 def test_a_dense_step_beside_backward_costs_its_tail_and_prices_bytes_by_its_link():
@@ -241,7 +254,7 @@ def test_dense_steps_first_in_float16_then_the_link_decides():
 
 
 def test_ranks_that_measure_differently_choose_alike_from_the_slowest_compute_and_least_exchange():
-    run = Run(3, SLOW, [0.01, 0.05, 0.09])
+    run = Run(3, SLOW, [0.01, 0.03, 0.06])
     run.steps(2 * (WINDOW + 1) + 1)
     levels = {s.density.level for s in run.states}
     assert len(levels) == 1
@@ -252,9 +265,9 @@ def test_ranks_that_measure_differently_choose_alike_from_the_slowest_compute_an
     def wire(level: float) -> float:
         return run.states[0]._wire([("b", 10), ("w", D)], level)
 
-    expected = choose(0.5, 0.09, {DENSE: seconds}, wire)
-    assert levels == {expected}, "the level is not the one the slowest rank's compute (0.09 s) gives"
-    assert expected != choose(0.5, 0.05, {DENSE: seconds}, wire), "the test cannot tell the max from the mean"
+    expected = choose(0.5, 0.06, {DENSE: seconds}, wire)
+    assert levels == {expected}, "the level is not the one the slowest rank's compute (0.06 s) gives"
+    assert expected != choose(0.5, 0.03, {DENSE: seconds}, wire), "the test cannot tell the max from the mean"
 
 
 def test_the_ramp_holds_the_level_above_its_floor_then_hands_it_back_to_the_budget():

@@ -18,7 +18,10 @@ norms) with one allgather of five floats each and every rank, from the same numb
                dense step that overlaps backward, where its allreduces run from the step's
                first gradient to its end (an upper bound where backward outlasts them)
     L          the densest of LEVELS whose link seconds fit:  wire(L) · per_byte ≤ budget · t_c
-    L*         DENSE if  cost(DENSE) ≤ max(budget · t_c, cost(L)),  else L
+    L*         DENSE if  cost(DENSE) ≤ g · max(budget · t_c, cost(L)),  else L
+    g          BLIND (2) until some sparse level was measured, then 1: the first price of a
+               sparse level has no ``fixed`` in it, so the rule leaves dense for it only where
+               the dense step costs twice what the level is predicted to
     cost(L)    t_x(L) where L was measured; else fixed + wire(L) · per_byte (DENSE: no fixed)
     per_byte   t_l(DENSE) / wire(DENSE)         (seconds a wire byte costs, from the dense window)
     fixed      t_x(S) − wire(S) · per_byte ≥ 0  (the selection's own seconds, from the densest
@@ -27,8 +30,8 @@ norms) with one allgather of five floats each and every rank, from the same numb
 The budget bounds the link's share; the engine's own seconds (``fixed``) decide only whether
 sending everything dense is cheaper. ``fixed`` is taken as the same at every level, which it is
 not: the engine's work grows with k (docs/design.md, "What a sparse level costs besides its
-bytes"), so an unmeasured level is priced low before any sparse level ran and high after a
-denser one did.
+bytes"), so an unmeasured level is priced low before any sparse level ran (hence ``g``) and
+high after a denser one did.
 wire(L) is the bytes through the busiest rank (:func:`~gs_horovod.transports.collective_cost.total_wire_bytes`)
 of the plan at L. The link's seconds a byte come from the dense window alone, so the sparse
 level moves only with t_c. A change of world (Horovod elastic) starts the rule again
@@ -56,6 +59,7 @@ LEVELS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 DENSE = 1.0  # every coordinate, as a float16 allreduce
 WINDOW = 5
 DEFAULT_BUDGET = 0.5
+BLIND = 2.0  # how much cheaper than dense a sparse level must look before any was measured
 CHOICES = (*LEVELS, DENSE)
 
 
@@ -63,7 +67,8 @@ def choose(budget: float, compute: float, seconds: dict[float, float], wire: Cal
            links: Optional[dict[float, float]] = None) -> float:
     """The level of the module's rule: the densest of :data:`LEVELS` whose link seconds are at most
     ``budget · compute`` (else the sparsest), or DENSE where that costs no more than the budget or
-    than the sparse level. ``seconds``: level → measured mean seconds of its engine step (t_x);
+    than the sparse level (:data:`BLIND` times either while no sparse level has been measured).
+    ``seconds``: level → measured mean seconds of its engine step (t_x);
     ``links``: level → the link's mean seconds where they differ from t_x (t_l);
     ``wire``: level → wire bytes of its plan."""
     links = {**seconds, **(links or {})}
@@ -81,7 +86,8 @@ def choose(budget: float, compute: float, seconds: dict[float, float], wire: Cal
     allowed = budget * compute
     fitting = [lv for lv in LEVELS if wire(lv) * per_byte <= allowed]
     level = fitting[-1] if fitting else LEVELS[0]
-    return DENSE if cost(DENSE) <= max(allowed, cost(level)) else level
+    guard = 1.0 if sparse else BLIND
+    return DENSE if cost(DENSE) <= guard * max(allowed, cost(level)) else level
 
 
 def ramp_floor(step: int, ramp: int) -> float:
