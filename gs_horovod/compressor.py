@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 from .array_ops import Array, ArrayOps
 from .checkpoint import DEFAULT_TIMEOUT, RENAMED, CheckpointApi, check_timeout
 from .engine.config import GsConfig
+from .engine.density import DENSE
 from .engine.plan import Plan
 from .transports import DEFAULT_TRANSPORT, TRANSPORTS, check_transport
 from .transports.collective_cost import Collective
@@ -182,9 +183,9 @@ class GsSketchBase(CheckpointApi, DefaultInstance):
         raise NotImplementedError
 
     def _planned_level(self) -> Optional[float]:
-        """The density level :meth:`collectives_per_step` plans at: None (a fixed ratio or k, or
-        a framework that does not measure the step, where "auto" is 0.01)."""
-        return None
+        """The density level :meth:`collectives_per_step` plans at: under ``ratio="auto"`` the
+        last step's (``stats.density``; dense before any), else None (a fixed ratio or k)."""
+        return (self.stats.density or DENSE) if self.config.adaptive else None
 
     def _checkpoint_comm(self) -> HorovodCollectives:
         """Horovod's collectives over every rank (sums), for the checkpoint protocol."""

@@ -55,10 +55,6 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     def __init__(self, transport: Optional[str] = None, comm: Any = None, **options: Any) -> None:
         tf.Module.__init__(self, name="gs_sketch")
         super().__init__(transport, comm, **options)
-        if self.config.measured_options:
-            raise ValueError(f"{', '.join(self.config.measured_options)}: TensorFlow traces the step once, so "
-                             "ratio='auto' is a fixed 0.01 here and nothing measures the step to steer; "
-                             "these options are for the torch adapters (docs/tensorflow.md)")
         self.states: dict[str, VariableState] = {}  # by variable path: tracked by tf.Module
         self.steps: dict[str, StepState] = {}  # by a digest of the optimizer's variable paths
         # plain objects below: tf.Module would wrap (copy) a list or dict, and they are not state to checkpoint
@@ -104,29 +100,36 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     @DefaultInstanceProperty
     def stats(self) -> CommStats:
         """Bytes this rank handed to collectives and steps run (read from the graph's counters)."""
+        levels = list(self._traced.levels.values())
+        density = {"density": levels[-1].ran, "density_changes": levels[-1].density.changes} if levels else {}
         return CommStats(**{name: int(v.numpy()) for name, v in self._traced.counters.values.items()},
-                         lost_residual=self._lost_residual)
+                         lost_residual=self._lost_residual, **density)
 
     @DefaultInstanceMethod
     def local_state_dict(self) -> dict[str, Any]:
         """Not collective: this rank's own state as numpy arrays, for one file per rank.
         ``{"options", "world_size", "rank", "variables": {path: {"residual", "momentum"}},
-        "steps": {key: steps}}`` (momentum None when m = 0; state loaded but not created yet
-        included). ``tf.train.Checkpoint(compression=gs)`` per rank saves the same state."""
+        "steps": {key: steps}, "density": {key: Density.state_dict()}}`` (momentum None when
+        m = 0; density empty unless ``ratio="auto"``; state loaded but not created yet included).
+        ``tf.train.Checkpoint(compression=gs)`` per rank saves the same state but the density,
+        which starts again there."""
         variables, steps = self._variables.local()
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(),
-                "variables": variables, "steps": steps}
+                "variables": variables, "steps": steps, "density": self._traced.level_states()}
 
     @DefaultInstanceMethod
     def reset(self) -> None:
-        """Zeroes every residual, momentum and step count (eagerly) and drops loaded state not
+        """Zeroes every residual, momentum and step count (eagerly), starts the density rule again
+        (``ratio="auto"``) and drops loaded state not
         yet used: the variables stay, as Horovod's traced step holds them. Under Horovod
         elastic, use :class:`GsKerasState` instead: it keeps what was committed."""
         self._variables.clear()
+        self._traced.restore_levels(None)
         self._forget_checkpoint_calls()
 
     def _load(self, state: dict[str, Any]) -> None:
         self._variables.load(state["variables"], state["steps"])
+        self._traced.restore_levels(state.get("density"))
 
     def _roll_back(self, state: dict[str, Any]) -> None:
         self._variables.zero()
@@ -148,6 +151,7 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         again at the next step."""
         self._variables.uncheck()
         self._traced.guards.new_world()
+        self._traced.restore_levels(None)
         forget_traced_steps(self)
 
     def _describe(self, v: Any) -> tuple[str, int, bool, int]:

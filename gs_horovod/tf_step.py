@@ -9,7 +9,10 @@ Compressible (:func:`compressible`): a dense float tensor of known shape, any fl
    are summed (4 bytes) and, only when one is set, ``agree`` (the compressor's
    :meth:`~gs_horovod.checkpoint.CheckpointApi.agree`: a restore, or RuntimeError when a rank
    is out of step) runs eagerly in a ``tf.py_function`` before any state is read;
-2. one engine step over the gradients (NaN/Inf and options checks are the engine's);
+2. one engine step over the gradients (NaN/Inf and options checks are the engine's); under
+   ``ratio="auto"`` (:class:`MeasuredLevel`) the step is traced once per level of
+   :data:`~gs_horovod.engine.density.CHOICES` and ``tf.switch_case`` runs the one the rule
+   chose, timed with ``tf.timestamp``;
 3. the new residuals, momenta, steps and the flat update (D + dense,) f32 assigned to the
    variables of :mod:`gs_horovod.tf_variables`; the bytes added to :class:`Counters`.
 
@@ -22,15 +25,18 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from .array_ops import ArrayOps
 from .engine.config import GsConfig
+from .engine.density import CHOICES, DENSE, Density
 from .engine.plan import Plan
 from .engine.state import CommStats
-from .engine.step import GsSgd
+from .engine.step import GsSgd, StepResult
 from .tf_horovod import variable_path
 from .tf_variables import StepState, Variables
+from .transports.collective_cost import total_wire_bytes
 from .transports.protocol import Collectives
 
 
@@ -106,6 +112,100 @@ class Guards:
         return tf.cond(flags > 0, lambda: tf.py_function(eagerly, [flags], tf.bool), lambda: tf.constant(True))
 
 
+class MeasuredLevel:
+    """``ratio="auto"`` in a traced step: the rule's :class:`~gs_horovod.engine.density.Density`
+    (host Python, one per traced step, the same on every rank) steered from the graph by
+    ``tf.py_function``s, so that it holds eagerly and inside a ``tf.function`` alike. Per step:
+
+        begun     tf.timestamp() once every gradient is there; compute = begun − the last ended
+        window    where the density's window is complete, its (5,) sums allgathered (a
+                  ``tf.cond`` every rank takes alike) and :meth:`Density.decide` run on them
+        step      ``tf.switch_case`` over the level's index in CHOICES: each branch the engine
+                  step of that level's plan (the layout of every level is the same)
+        ended     tf.timestamp() after the update; :meth:`Density.observe` (exchange: ended −
+                  started, the step's own seconds; ‖g‖ under ``critical``)
+
+    ``ran``: the level the last step ran at (for :class:`CommStats`)."""
+
+    def __init__(self, config: GsConfig, named: list[tuple[str, int]], ranks: int, allreduce_kind: str) -> None:
+        self.config, self.named, self.ranks, self.allreduce_kind = config, named, ranks, allreduce_kind
+        self.density = Density()
+        self.ended: Optional[float] = None
+        self.ran = 0.0
+        self._wires: dict[float, float] = {}
+
+    def plan(self, level: float) -> Plan:
+        """The plan of the traced tensors at ``level``."""
+        return Plan.split(self.named, self.config, ranks=self.ranks, allreduce_kind=self.allreduce_kind, level=level)
+
+    def wire(self, level: float) -> float:
+        """Wire bytes through the busiest rank of one step at ``level``."""
+        if level not in self._wires:
+            self._wires[level] = total_wire_bytes(self.plan(level).collectives(self.config), self.ranks)
+        return self._wires[level]
+
+    def restart(self, saved: Optional[dict[str, Any]] = None) -> None:
+        """The rule from ``saved`` (:meth:`Density.state_dict`), or started again (None); the
+        next step is not measured."""
+        self.density = Density() if saved is None else Density.from_state(saved)
+        self.ended = None
+
+    def trace(self, comm: Collectives, steps: tf.Tensor, grads: list[tf.Tensor],
+              run: Callable[[Plan], tuple[StepResult, dict[str, Any]]]) -> tuple[StepResult, dict[str, Any]]:
+        """The traced step at the chosen level: ``run(plan)`` traced once per level; ``steps``
+        (int64) steps applied before this one, ``grads`` this rank's (d,) f32 gradients."""
+        cfg = self.config
+        with tf.control_dependencies(grads):
+            begun = tf.timestamp()
+        due, local = tf.py_function(self._window, [], [tf.bool, tf.float32])
+        every = tf.cond(due, lambda: comm.allgather(tf.ensure_shape(local, [5]), "gs_horovod.density"),
+                        lambda: tf.zeros([5 * comm.size], tf.float32))
+        index = tf.py_function(self._decide, [due, every, steps], tf.int32)
+        with tf.control_dependencies([index]):
+            started = tf.timestamp()
+        fields = CommStats.counted()
+        momentum = bool(cfg.momentum)
+
+        def branch(level: float) -> Callable[[], tuple]:
+            def at_level() -> tuple:
+                result, amounts = run(self.plan(level))
+                return (result.update, result.residual, result.momentum if momentum else tf.zeros([0]),
+                        tf.cast(result.steps, tf.int64), tf.convert_to_tensor(result.applied, tf.bool),
+                        *[tf.cast(amounts.get(f, 0), tf.int64) for f in fields])
+            return at_level
+
+        out = tf.switch_case(index, [branch(level) for level in CHOICES])
+        with tf.control_dependencies([out[0]]):
+            ended = tf.timestamp()
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads])) if cfg.critical and grads \
+            else tf.constant(0.0)
+        observed = tf.py_function(self._observe, [index, begun, started, ended, norm, out[4]], tf.bool)
+        with tf.control_dependencies([observed]):
+            out = [tf.identity(t) for t in out]
+        result = StepResult(out[0], out[1], out[2] if momentum else None, out[3], out[4])
+        return result, dict(zip(fields, out[5:]))
+
+    def _window(self) -> tuple[bool, np.ndarray]:
+        density = self.density
+        return density.due, np.array([density.compute, density.exchange, density.link, density.measured,
+                                      density.norm], dtype=np.float32)
+
+    def _decide(self, due: tf.Tensor, every: tf.Tensor, steps: tf.Tensor) -> int:
+        if bool(due):
+            gathered = every.numpy().reshape(self.ranks, 5)
+            self.density.decide(lambda _: gathered, self.wire, self.config.budget_or_default, int(steps),
+                                self.config.ramp, self.config.critical)
+        return CHOICES.index(self.density.level)
+
+    def _observe(self, index: tf.Tensor, begun: tf.Tensor, started: tf.Tensor, ended: tf.Tensor,
+                 norm: tf.Tensor, applied: tf.Tensor) -> bool:
+        compute = None if self.ended is None else float(begun) - self.ended
+        self.ended, self.ran = float(ended), CHOICES[int(index)]
+        norm = float(norm) if bool(applied) else 0.0
+        self.density.observe(compute, float(ended) - float(started), None, norm)
+        return True
+
+
 class TracedStep:
     """The step of one compressor's optimizers, traced into each ``allreduce_grads``:
     ``grads`` is the list of the one being traced (None before), ``contexts`` its gradients'
@@ -117,6 +217,21 @@ class TracedStep:
         self.guards = Guards()
         self.grads: Optional[list] = None
         self.contexts: dict[int, Ctx] = {}
+        self.levels: dict[str, MeasuredLevel] = {}  # under ratio="auto", by step key
+        self.saved_levels: dict[str, dict[str, Any]] = {}  # restored Density states of steps not traced yet
+
+    def level_states(self) -> dict[str, dict[str, Any]]:
+        """Every traced step's :meth:`Density.state_dict` by step key (restored ones not traced yet
+        included); empty unless ``ratio="auto"``."""
+        return {**self.saved_levels, **{key: m.density.state_dict() for key, m in self.levels.items()}}
+
+    def restore_levels(self, saved: Optional[dict[str, dict[str, Any]]]) -> None:
+        """Each step's density from ``saved`` (:meth:`level_states`), the others started again
+        (None: all of them)."""
+        saved = dict(saved or {})
+        for key, measured in self.levels.items():
+            measured.restart(saved.pop(key, None))
+        self.saved_levels = saved
 
     def trace(self, grads: list, variables: list, comm: Collectives, agree: Callable[[float], None]) -> None:
         """Builds the step over every compressible gradient of ``grads`` (their ``variables``
@@ -124,7 +239,7 @@ class TracedStep:
         cfg, ops = self.config, self.ops
         named = {variable_path(v): g for g, v in zip(grads, variables) if g is not None and compressible(g)}
         plan = Plan.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size,
-                          allreduce_kind=comm.allreduce_kind)
+                          allreduce_kind=comm.allreduce_kind, level=DENSE if cfg.adaptive else None)  # the layout
         states = [self.variables.variable(n, d) for n, d in zip(plan.names, plan.sizes)]
         key = f"{zlib.crc32(repr(plan.all_names).encode()):08x}"
         step = self.variables.step(key, plan.total + sum(plan.dense_sizes))
@@ -134,8 +249,25 @@ class TracedStep:
             flat = {n: tf.reshape(tf.cast(g, tf.float32), [-1]) for n, g in named.items()}
             residual = ops.concat([s.residual for s in states]) if states else tf.zeros([0])
             momentum = (ops.concat([s.momentum for s in states]) if states else tf.zeros([0])) if cfg.momentum else None
-            result = sgd.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
-                              tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
+
+            def run(plan: Plan) -> tuple[StepResult, dict[str, Any]]:
+                result = sgd.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
+                                  tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
+                dense = warm if plan.groups else tf.constant(True)  # the DENSE level counts as a dense step
+                return result, CommStats.amounts(plan, cfg, dense, tf.cast(result.applied, tf.int64),
+                                                 (result.routed, result.gathered),
+                                                 where=lambda c, w, x: tf.where(c, tf.cast(w, tf.int64),
+                                                                                tf.cast(x, tf.int64)))
+
+            if cfg.adaptive:
+                level = self.levels.get(key)
+                if level is None:
+                    level = self.levels[key] = MeasuredLevel(cfg, list(zip(plan.all_names, plan.all_sizes)),
+                                                             comm.size, comm.allreduce_kind)
+                    level.restart(self.saved_levels.pop(key, None))
+                result, amounts = level.trace(comm, step.steps, list(flat.values()), run)
+            else:
+                result, amounts = run(plan)
         # assignments are stateful: they run, and reads of step.update (same resource) follow them
         step.checked.assign(True)
         step.steps.assign(result.steps)
@@ -145,10 +277,7 @@ class TracedStep:
                 s.residual.assign(part)
             for s, part in zip(states, tf.split(result.momentum, list(plan.sizes)) if cfg.momentum else []):
                 s.momentum.assign(part)
-        self.counters.add(CommStats.amounts(plan, cfg, warm, tf.cast(result.applied, tf.int64),
-                                            (result.routed, result.gathered),
-                                            where=lambda c, w, x: tf.where(c, tf.cast(w, tf.int64),
-                                                                           tf.cast(x, tf.int64))))
+        self.counters.add(amounts)
         self.grads = grads
         self.contexts = {id(named[n]): Ctx(step, o, named[n].shape, named[n].dtype)
                          for n, o in zip(plan.all_names, plan.all_offsets)}

@@ -28,7 +28,6 @@ from horovod.torch.elastic.state import StateHandler, get_handler_registry
 
 from .compressor import DefaultInstanceAttribute, DefaultInstanceMethod, GsSketchBase
 from .elastic import ElasticGsState, Layout
-from .engine.density import DENSE
 from .engine.state import CommStats, EngineState
 from .engine.step import GsSgd
 from .kernels.torch_ops import TorchOps
@@ -176,10 +175,6 @@ class GsSketch(GsSketchBase, Compressor):
     def _restore(self, state: EngineState, params: Params) -> None:
         """Hands ``state`` the restored tensors of its parameters."""
         state.restore({name: self._restored.pop(name) for name, _ in params.items if name in self._restored})
-
-    def _planned_level(self) -> Optional[float]:
-        """Under ``ratio="auto"`` the last step's level (``stats.density``; dense before any)."""
-        return (self.stats.density or DENSE) if self.config.adaptive else None
 
     def _describe(self, p: torch.Tensor) -> tuple[str, int, bool, int]:
         return str(id(p)), p.numel(), p.is_floating_point(), p.element_size()

@@ -159,7 +159,7 @@ def test_density_state_survives_its_state_dict():
 def test_auto_is_the_default_and_explicit_ratio_or_k_is_fixed():
     assert GsConfig().adaptive and GsConfig(ratio="auto") == GsConfig()
     assert not GsConfig(ratio=0.01).adaptive and not GsConfig(k=10).adaptive
-    assert GsConfig().k_for(10_000) == 100  # unmeasured (TensorFlow, static plans): 0.01
+    assert GsConfig().k_for(10_000) == 100  # a plan built outside a measured step: 0.01
     assert GsConfig().k_for(10_000, 0.05) == 500
 
 
@@ -177,17 +177,6 @@ def test_auto_is_the_default_and_explicit_ratio_or_k_is_fixed():
 def test_bad_density_options_raise_naming_them(options, match):
     with pytest.raises(ValueError, match=match):
         GsConfig(**options)
-
-
-@pytest.mark.parametrize("options", [{"budget": 0.2}, {"ramp": 100}, {"critical": 0.5}, {"ramp": 9, "critical": 1.0}])
-def test_tensorflow_refuses_the_options_that_steer_the_measured_density(options):
-    """TensorFlow's ratio="auto" is a fixed 0.01: nothing would read them."""
-    pytest.importorskip("tensorflow")
-    from gs_horovod.tensorflow import GsSketch
-
-    with pytest.raises(ValueError, match=f"^{', '.join(options)}: TensorFlow traces the step once"):
-        GsSketch(**options)
-    assert GsSketch().config.adaptive and GsSketch(ratio=0.01).config.ratio == 0.01
 
 
 def test_candidates_above_the_prefilter_are_fine_where_nothing_caps_them():
@@ -349,11 +338,13 @@ def test_every_rank_gets_every_ranks_measurements_alike():
 FIRST_DECISION = WINDOW + 2  # step 0 has no compute before it; step 1 is a level's first
 
 
-@pytest.fixture(scope="module", params=["horovod", "ddp", "fsdp"])
+@pytest.fixture(scope="module", params=["horovod", "ddp", "fsdp", "tensorflow"])
 def adapter_ranks(request, tmp_path_factory):
+    if request.param == "tensorflow":
+        pytest.importorskip("tensorflow")
     out = tmp_path_factory.mktemp(f"density_{request.param}")
-    if request.param == "horovod":
-        ranks = horovodrun("density_ranks.py", 2, "gloo", out, "horovod")
+    if request.param in ("horovod", "tensorflow"):
+        ranks = horovodrun("density_ranks.py", 2, "gloo", out, request.param)
     else:
         ranks = torchrun("density_ranks.py", 2, out, request.param)
     assert_equal(ranks[0]["scenarios"], ["tight", "loose", "ramped"], f"{request.param}: the scenarios run")
@@ -381,6 +372,19 @@ def test_every_adapter_starts_dense_then_every_rank_takes_the_chosen_level(adapt
         digests = [r[label]["digests"] for r in adapter_ranks]
         assert_ranks_agree(digests, f"{label}: the model's digest after each step")
         assert len(set(digests[0])) == len(digests[0]), f"{label}: the model did not change every step"
+
+
+@pytest.mark.slow
+def test_tensorflow_checkpoints_carry_the_density(adapter_ranks):
+    """TensorFlow's GsSketch: ``local_state_dict()`` holds the rule's state after a change of
+    level, and a fresh GsSketch that loads it holds the same (before its first step)."""
+    if "saved_density" not in adapter_ranks[0]["tight"]:
+        pytest.skip("TensorFlow's GsSketch only")
+    for r in adapter_ranks:
+        tight = r["tight"]
+        (saved,) = tight["saved_density"].values()
+        assert saved["level"] == tight["levels"][-1] == LEVELS[0] and saved["changes"] == tight["changes"] == 1
+        assert tight["reloaded_density"] == tight["saved_density"]
 
 
 @pytest.mark.slow

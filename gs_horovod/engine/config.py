@@ -18,7 +18,7 @@ NONFINITE = ("raise", "skip")
 APPLY = ("topk", "all")
 SCOPES = ("global", "layer")
 SKETCH_DTYPES = ("float16", "float32")
-STATIC_RATIO = 0.01  # what ratio="auto" sends where the step is not measured (TensorFlow)
+UNMEASURED_RATIO = 0.01  # a ratio="auto" plan built with no level: outside a measured step (tests, benchmarks)
 
 
 def count_for(ratio: float, n: int) -> int:
@@ -54,8 +54,7 @@ class GsConfig:
     ratio: fraction of coordinates applied per step, in (0, 1], or "auto" (the default, also
         spelled None): the density follows the measured step (:mod:`gs_horovod.engine.density`:
         dense float16 steps first, then the densest level whose exchange takes at most
-        ``budget`` times the step's compute); under TensorFlow, which traces the step once, "auto"
-        is a fixed 0.01.
+        ``budget`` times the step's compute).
     k: a fixed k per group instead of ``ratio`` (a group smaller than k is an error).
     budget: under ``ratio="auto"``, the exchange's seconds allowed per second of compute
         (default 0.5); an error with an explicit ``ratio`` or ``k``.
@@ -230,12 +229,12 @@ class GsConfig:
 
     def k_for(self, n: int, level: Optional[float] = None) -> int:
         """Coordinates applied per step for a group of n coordinates; ``level``: the fraction
-        ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`; None: 0.01)."""
+        ``ratio="auto"`` chose (:mod:`~gs_horovod.engine.density`; None: :data:`UNMEASURED_RATIO`)."""
         if self.k is not None:
             return self.k
         if self.ratio is not None:
             return count_for(self.ratio, n)
-        return count_for(STATIC_RATIO if level is None else level, n)
+        return count_for(UNMEASURED_RATIO if level is None else level, n)
 
     def cols_for(self, n: int, level: Optional[float] = None) -> int:
         """Sketch columns for a group of n coordinates."""

@@ -23,9 +23,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from gs_bench.cli import Report, demo_arguments, method_options  # noqa: E402
-from gs_bench.methods import METHODS  # noqa: E402
+from gs_bench.methods import METHODS, Meter  # noqa: E402
 from gs_bench.workloads import digits_shard  # noqa: E402
-from gs_horovod.transports.collective_cost import total_wire_bytes  # noqa: E402
+from gs_horovod.compressor import allreduce_kind  # noqa: E402
+from gs_horovod.engine import collectives_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,8 +56,12 @@ def main(argv: list[str] | None = None) -> dict:
     method.check(ratio, options)
     compression = method.tensorflow(ratio, options)
     shapes = [tuple(v.shape) for v in sorted(model.trainable_variables, key=lambda v: v.name)]
-    collectives = method.planned(options, shapes, hvd.size(), ratio)
-    bytes_per_step = sum(n for _, n in collectives)
+    if hasattr(compression, "stats"):  # GsSketch: what it sent, counted (ratio="auto" moves with the step)
+        kind = allreduce_kind(compression.transport)
+        meter = Meter(hvd.size(), lambda: collectives_of(compression.stats.per_step(), kind))
+    else:
+        planned = method.planned(options, shapes, hvd.size(), ratio)
+        meter = Meter(hvd.size(), lambda: planned)
     dense_bytes = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
 
     @tf.function
@@ -71,9 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
     steps_per_epoch = int(hvd.allreduce(tf.constant(math.ceil(len(x_train) / args.batch_size)),
                                         op=hvd.Min, name="steps"))
     rng = np.random.default_rng(args.seed + hvd.rank())
-    wire = total_wire_bytes(collectives, hvd.size())
-    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, lambda: (bytes_per_step, wire), steps_per_epoch,
-                    args.epochs)
+    report = Report(args, hvd.rank(), hvd.size(), dense_bytes, meter.per_step, steps_per_epoch, args.epochs)
     for epoch in report.periods():
         order = rng.permutation(len(x_train))
         total = 0.0

@@ -2,7 +2,7 @@
 JSON per rank with, per step, the level the step ran at (``stats.density``) and a digest of
 the model after it.
 
-    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR horovod [NAME ...]
+    horovodrun -np 2 -H localhost:2 --gloo python tests/workers/density_ranks.py OUT_DIR {horovod,tensorflow} [NAME ...]
     torchrun --standalone --nproc_per_node 2 tests/workers/density_ranks.py OUT_DIR {ddp,fsdp} [NAME ...]
 
 Budgets make the rule's choice independent of the machine's timings; the scenarios (NAME:
@@ -151,6 +151,57 @@ def fsdp():
     return dist.get_rank(), run
 
 
+def tensorflow():
+    """Horovod's DistributedGradientTape with the TensorFlow GsSketch, the step in a
+    ``tf.function`` (graph mode, as Keras runs it): (this rank, a run for one scenario's options).
+    Also records the density saved by ``local_state_dict()`` and what a fresh GsSketch holds
+    after loading it (``reloaded_density``)."""
+    import horovod.tensorflow as hvd
+    import numpy as np
+    import tensorflow as tf
+
+    from gs_horovod.tensorflow import GsSketch
+
+    def run(options: dict) -> dict:
+        torch_model = mlp()  # the same initial weights as the torch adapters'
+        layers = [torch_model[0], torch_model[2], torch_model[4]]
+        weights = [tf.Variable(w, name=f"{kind}{i}") for i, layer in enumerate(layers)
+                   for kind, w in (("w", layer.weight.detach().numpy().T), ("b", layer.bias.detach().numpy()))]
+        gs = GsSketch(min_size=64, **options)
+        opt = tf.keras.optimizers.SGD(0.1)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                h = x
+                for i in range(0, len(weights), 2):
+                    h = h @ weights[i] + weights[i + 1]
+                    h = tf.tanh(h) if i + 2 < len(weights) else h
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, h))
+            grads = hvd.DistributedGradientTape(tape, compression=gs).gradient(loss, weights)
+            opt.apply_gradients(zip(grads, weights))
+
+        levels, digests = [], []
+        for s in range(STEPS):
+            g = torch.Generator().manual_seed(1000 * s + hvd.rank())
+            x, y = torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)
+            step(tf.constant(x.numpy()), tf.constant(y.numpy()))
+            levels.append(gs.stats.density)
+            digests.append(hashlib.sha256(np.concatenate([w.numpy().reshape(-1) for w in weights]).tobytes())
+                           .hexdigest())
+        saved = gs.local_state_dict()
+        fresh = GsSketch(min_size=64, **options)
+        fresh.load_local_state_dict(saved)
+        (measured,) = gs._traced.levels.values()
+        return {"levels": levels, "digests": digests, "gather_bytes": gs.stats.gather_bytes,
+                "dense_bytes": gs.stats.dense_bytes, "changes": gs.stats.density_changes,
+                "last_norm": measured.density.last_norm, "saved_density": saved["density"],
+                "reloaded_density": fresh.local_state_dict()["density"]}
+
+    hvd.init()
+    return hvd.rank(), run
+
+
 SCENARIOS = Scenarios()
 
 
@@ -170,7 +221,7 @@ def ramped(result: dict, run) -> None:
 
 
 def main(out_dir: str, adapter: str, *names: str) -> None:
-    adapters = {"horovod": horovod, "ddp": ddp, "fsdp": fsdp}
+    adapters = {"horovod": horovod, "ddp": ddp, "fsdp": fsdp, "tensorflow": tensorflow}
     if adapter not in adapters:
         raise SystemExit(f"unknown adapter {adapter!r}; {' '.join(adapters)}")
     SCENARIOS.selected(names)  # an unknown name ends the job before the ranks meet
