@@ -237,7 +237,13 @@ class TracedStep:
         """Builds the step over every compressible gradient of ``grads`` (their ``variables``
         name them) on ``comm``; it becomes the one being traced."""
         cfg, ops = self.config, self.ops
-        named = {variable_path(v): g for g, v in zip(grads, variables) if g is not None and compressible(g)}
+        paths = [(variable_path(v), g) for g, v in zip(grads, variables) if g is not None and compressible(g)]
+        named = dict(paths)
+        if len(named) < len(paths):
+            shared = sorted({p for p, _ in paths if sum(q == p for q, _ in paths) > 1})
+            raise ValueError(f"GsSketch keeps each variable's residual under its name, and these variables share "
+                             f"one: {', '.join(map(repr, shared))}; give each variable a unique name "
+                             "(tf.Variable(..., name=...); Keras layers name theirs)")
         plan = Plan.split([(n, g.shape.num_elements()) for n, g in named.items()], cfg, ranks=comm.size,
                           allreduce_kind=comm.allreduce_kind, level=DENSE if cfg.adaptive else None)  # the layout
         states = [self.variables.variable(n, d) for n, d in zip(plan.names, plan.sizes)]

@@ -133,6 +133,13 @@ def test_diverging_selections_and_options_fail_on_every_rank(ranks):
 
 
 @pytest.mark.slow
+def test_variables_that_share_a_name_are_refused_on_every_rank(ranks):
+    for r in ranks:
+        assert "GsSketch keeps each variable's residual under its name, and these variables share one: 'w:0'; " \
+            "give each variable a unique name" in r["shared_name_error"].replace("\\", "")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["global", "layer"])
 def test_sparse_exchange_trains_bitwise_as_the_allgathers_top_k(ranks, scope):
     # DistributedGradientTape in a tf.function, the same start and batches, 4 steps

@@ -249,6 +249,19 @@ def keras(result: dict, x: np.ndarray, y: np.ndarray) -> None:
     result["keras_gs"] = fitted(x, y, GsSketch(ratio=0.05, min_size=64))
 
 
+@SCENARIOS
+def shared_name(result: dict, x: np.ndarray, y: np.ndarray) -> None:
+    """Two variables of one name: the trace raises on every rank, before any collective."""
+    model = Mlp(10)
+    model.w1 = tf.Variable(model.w1, name="w")
+    model.w2 = tf.Variable(model.w2, name="w")
+    try:
+        make_step(model, GsSketch(min_size=64))(*batch(x, y, 0))
+        result["shared_name_error"] = None
+    except ValueError as e:
+        result["shared_name_error"] = str(e)
+
+
 # Last, as a failed step leaves Horovod's collectives of that step unmatched: a selection that
 # differs on one rank (check_every), and options that differ across ranks.
 @SCENARIOS
