@@ -100,8 +100,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     @DefaultInstanceProperty
     def stats(self) -> CommStats:
         """Bytes this rank handed to collectives and steps run (read from the graph's counters)."""
-        levels = list(self._traced.levels.values())
-        density = {"density": levels[-1].ran, "density_changes": levels[-1].density.changes} if levels else {}
+        last = max(self._traced.levels.values(), key=lambda m: m.at, default=None)  # the level that ran last
+        density = {"density": last.ran, "density_changes": last.density.changes} if last else {}
         return CommStats(**{name: int(v.numpy()) for name, v in self._traced.counters.values.items()},
                          lost_residual=self._lost_residual, **density)
 
@@ -111,8 +111,8 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         ``{"options", "world_size", "rank", "variables": {path: {"residual", "momentum"}},
         "steps": {key: steps}, "density": {key: Density.state_dict()}}`` (momentum None when
         m = 0; density empty unless ``ratio="auto"``; state loaded but not created yet included).
-        ``tf.train.Checkpoint(compression=gs)`` per rank saves the same state but the density,
-        which starts again there."""
+        ``tf.train.Checkpoint(compression=gs)`` per rank saves the same state but the density
+        (host Python, not a variable): a new process that restores one starts the rule again."""
         variables, steps = self._variables.local()
         return {"options": self._options(), "world_size": hvd.size(), "rank": hvd.rank(),
                 "variables": variables, "steps": steps, "density": self._traced.level_states()}
@@ -124,12 +124,12 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
         yet used: the variables stay, as Horovod's traced step holds them. Under Horovod
         elastic, use :class:`GsKerasState` instead: it keeps what was committed."""
         self._variables.clear()
-        self._traced.restore_levels(None)
+        self._traced.restart_levels()
         self._forget_checkpoint_calls()
 
     def _load(self, state: dict[str, Any]) -> None:
         self._variables.load(state["variables"], state["steps"])
-        self._traced.restore_levels(state.get("density"))
+        self._traced.restore_levels(state.get("density", {}))
 
     def _roll_back(self, state: dict[str, Any]) -> None:
         self._variables.zero()
@@ -148,10 +148,10 @@ class GsSketch(GsSketchBase, Compressor, tf.Module):
     def _world_changed(self) -> None:
         """At every elastic reset (sync or not): steps traced for the old ranks raise, Horovod's
         cached allreduce functions built with this compressor are dropped, options are compared
-        again at the next step."""
+        again at the next step, the density rule (``ratio="auto"``) starts again."""
         self._variables.uncheck()
         self._traced.guards.new_world()
-        self._traced.restore_levels(None)
+        self._traced.new_world()
         forget_traced_steps(self)
 
     def _describe(self, v: Any) -> tuple[str, int, bool, int]:

@@ -21,6 +21,7 @@ Each gradient's :class:`Ctx` says where its update lies in the flat update.
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -36,7 +37,6 @@ from .engine.state import CommStats
 from .engine.step import GsSgd, StepResult
 from .tf_horovod import variable_path
 from .tf_variables import StepState, Variables
-from .transports.collective_cost import total_wire_bytes
 from .transports.protocol import Collectives
 
 
@@ -114,95 +114,92 @@ class Guards:
 
 class MeasuredLevel:
     """``ratio="auto"`` in a traced step: the rule's :class:`~gs_horovod.engine.density.Density`
-    (host Python, one per traced step, the same on every rank) steered from the graph by
-    ``tf.py_function``s, so that it holds eagerly and inside a ``tf.function`` alike. Per step:
+    (host Python, one per traced step and world, the same on every rank) steered from the graph
+    by ``tf.py_function``s, so that it holds eagerly and inside a ``tf.function`` alike. In each
+    step, in this order (each op depends on the one before, so every rank runs them alike):
 
-        begun     tf.timestamp() once every gradient is there; compute = begun − the last ended
-        window    where the density's window is complete, its (5,) sums allgathered (a
-                  ``tf.cond`` every rank takes alike) and :meth:`Density.decide` run on them
-        step      ``tf.switch_case`` over the level's index in CHOICES: each branch the engine
-                  step of that level's plan (the layout of every level is the same)
-        ended     tf.timestamp() after the update; :meth:`Density.observe` (exchange: ended −
-                  started, the step's own seconds; ‖g‖ under ``critical``)
+        window    ``due``: whether the density's window is complete; where it is, its (5,) sums
+                  are allgathered (a ``tf.cond`` every rank takes alike)
+        decide    once every gradient is there (a value of each one is its input): the clock
+                  read (compute: from the last step's end), the window decided where due
+                  (:meth:`Density.decide`); returns the level's index in CHOICES
+        step      ``tf.switch_case`` over that index: each branch the engine step of that
+                  level's plan (every level lays the tensors out alike)
+        observe   once the update is there (a value of it is its input): the clock read
+                  (exchange: from decide), :meth:`Density.observe` (‖g‖ under ``critical``)
 
-    ``ran``: the level the last step ran at (for :class:`CommStats`)."""
+    The clock is the host's (``time.perf_counter``), read where an input's value had to be
+    ready, as the torch adapters read it. ``ran``: the level of the last step; ``at``: the
+    clock when it ended (0 before), for :class:`CommStats` across traced steps."""
 
     def __init__(self, config: GsConfig, named: list[tuple[str, int]], ranks: int, allreduce_kind: str) -> None:
         self.config, self.named, self.ranks, self.allreduce_kind = config, named, ranks, allreduce_kind
         self.density = Density()
-        self.ended: Optional[float] = None
-        self.ran = 0.0
+        self.ended: Optional[float] = None  # the clock at the last step's end (None: the next step is not measured)
+        self.begun = 0.0
+        self.ran, self.at = 0.0, 0.0
         self._wires: dict[float, float] = {}
 
-    def plan(self, level: float) -> Plan:
-        """The plan of the traced tensors at ``level``."""
-        return Plan.split(self.named, self.config, ranks=self.ranks, allreduce_kind=self.allreduce_kind, level=level)
-
     def wire(self, level: float) -> float:
-        """Wire bytes through the busiest rank of one step at ``level``."""
+        """Wire bytes through the busiest rank of one step at ``level`` (:meth:`Plan.wire_bytes`)."""
         if level not in self._wires:
-            self._wires[level] = total_wire_bytes(self.plan(level).collectives(self.config), self.ranks)
+            self._wires[level] = Plan.wire_bytes(self.named, self.config, ranks=self.ranks,
+                                                 allreduce_kind=self.allreduce_kind, level=level)
         return self._wires[level]
-
-    def restart(self, saved: Optional[dict[str, Any]] = None) -> None:
-        """The rule from ``saved`` (:meth:`Density.state_dict`), or started again (None); the
-        next step is not measured."""
-        self.density = Density() if saved is None else Density.from_state(saved)
-        self.ended = None
 
     def trace(self, comm: Collectives, steps: tf.Tensor, grads: list[tf.Tensor],
               run: Callable[[Plan], tuple[StepResult, dict[str, Any]]]) -> tuple[StepResult, dict[str, Any]]:
-        """The traced step at the chosen level: ``run(plan)`` traced once per level; ``steps``
-        (int64) steps applied before this one, ``grads`` this rank's (d,) f32 gradients."""
+        """The traced step at the chosen level: ``run(plan)`` (the step and its counts) traced
+        once per level; ``steps`` (int64) steps applied before this one, ``grads`` this rank's
+        (d,) f32 gradients (at least one)."""
         cfg = self.config
-        with tf.control_dependencies(grads):
-            begun = tf.timestamp()
-        due, local = tf.py_function(self._window, [], [tf.bool, tf.float32])
-        every = tf.cond(due, lambda: comm.allgather(tf.ensure_shape(local, [5]), "gs_horovod.density"),
+        due = tf.py_function(lambda: self.density.due, [], tf.bool)
+        every = tf.cond(due, lambda: comm.allgather(tf.py_function(self._window, [], tf.float32), "gs_horovod.density"),
                         lambda: tf.zeros([5 * comm.size], tf.float32))
-        index = tf.py_function(self._decide, [due, every, steps], tf.int32)
-        with tf.control_dependencies([index]):
-            started = tf.timestamp()
-        fields = CommStats.counted()
-        momentum = bool(cfg.momentum)
+        ready = tf.add_n([g[0] for g in grads])  # a value of every gradient
+        index = tf.py_function(self._decide, [due, every, steps, ready], tf.int32)
 
-        def branch(level: float) -> Callable[[], tuple]:
-            def at_level() -> tuple:
-                result, amounts = run(self.plan(level))
-                return (result.update, result.residual, result.momentum if momentum else tf.zeros([0]),
-                        tf.cast(result.steps, tf.int64), tf.convert_to_tensor(result.applied, tf.bool),
-                        *[tf.cast(amounts.get(f, 0), tf.int64) for f in fields])
+        def branch(level: float) -> Callable[[], dict[str, Any]]:
+            def at_level() -> dict[str, Any]:
+                result, amounts = run(Plan.split(self.named, cfg, ranks=self.ranks,
+                                                 allreduce_kind=self.allreduce_kind, level=level))
+                momentum = result.momentum if cfg.momentum else tf.zeros([0])
+                return {"result": result._replace(momentum=momentum, steps=tf.cast(result.steps, tf.int64),
+                                                  applied=tf.convert_to_tensor(result.applied, tf.bool),
+                                                  routed=tf.cast(result.routed, tf.int64),
+                                                  gathered=tf.cast(result.gathered, tf.int64)),
+                        "amounts": {f: tf.cast(amounts.get(f, 0), tf.int64) for f in CommStats.counted()}}
             return at_level
 
         out = tf.switch_case(index, [branch(level) for level in CHOICES])
-        with tf.control_dependencies([out[0]]):
-            ended = tf.timestamp()
-        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads])) if cfg.critical and grads \
-            else tf.constant(0.0)
-        observed = tf.py_function(self._observe, [index, begun, started, ended, norm, out[4]], tf.bool)
+        result = out["result"]
+        norm = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(g)) for g in grads])) if cfg.critical else tf.constant(0.0)
+        observed = tf.py_function(self._observe, [index, norm, result.applied, result.update[:1]], tf.bool)
         with tf.control_dependencies([observed]):
-            out = [tf.identity(t) for t in out]
-        result = StepResult(out[0], out[1], out[2] if momentum else None, out[3], out[4])
-        return result, dict(zip(fields, out[5:]))
+            result = tf.nest.map_structure(tf.identity, result)
+        return result._replace(momentum=result.momentum if cfg.momentum else None), out["amounts"]
 
-    def _window(self) -> tuple[bool, np.ndarray]:
-        density = self.density
-        return density.due, np.array([density.compute, density.exchange, density.link, density.measured,
-                                      density.norm], dtype=np.float32)
+    def _window(self) -> np.ndarray:
+        """This rank's window (5,) float32 (:meth:`Density.window`)."""
+        return self.density.window().astype(np.float32)
 
-    def _decide(self, due: tf.Tensor, every: tf.Tensor, steps: tf.Tensor) -> int:
+    def _decide(self, due: tf.Tensor, every: tf.Tensor, steps: tf.Tensor, ready: tf.Tensor) -> int:
+        """The step's start: the clock read and, where ``due``, the window decided from every
+        rank's (P · 5,) ``every`` at ``steps`` applied; the level's index in CHOICES."""
+        self.begun = time.perf_counter()
         if bool(due):
             gathered = every.numpy().reshape(self.ranks, 5)
             self.density.decide(lambda _: gathered, self.wire, self.config.budget_or_default, int(steps),
                                 self.config.ramp, self.config.critical)
         return CHOICES.index(self.density.level)
 
-    def _observe(self, index: tf.Tensor, begun: tf.Tensor, started: tf.Tensor, ended: tf.Tensor,
-                 norm: tf.Tensor, applied: tf.Tensor) -> bool:
-        compute = None if self.ended is None else float(begun) - self.ended
-        self.ended, self.ran = float(ended), CHOICES[int(index)]
-        norm = float(norm) if bool(applied) else 0.0
-        self.density.observe(compute, float(ended) - float(started), None, norm)
+    def _observe(self, index: tf.Tensor, norm: tf.Tensor, applied: tf.Tensor, update: tf.Tensor) -> bool:
+        """The step's end (``update`` ready): the step at CHOICES[``index``] counted (‖g‖ ``norm``
+        where ``applied``, else 0)."""
+        ended = time.perf_counter()
+        compute = None if self.ended is None else self.begun - self.ended
+        self.density.observe(compute, ended - self.begun, None, float(norm) if bool(applied) else 0.0)
+        self.ended, self.ran, self.at = ended, CHOICES[int(index)], ended
         return True
 
 
@@ -225,13 +222,26 @@ class TracedStep:
         included); empty unless ``ratio="auto"``."""
         return {**self.saved_levels, **{key: m.density.state_dict() for key, m in self.levels.items()}}
 
-    def restore_levels(self, saved: Optional[dict[str, dict[str, Any]]]) -> None:
-        """Each step's density from ``saved`` (:meth:`level_states`), the others started again
-        (None: all of them)."""
-        saved = dict(saved or {})
-        for key, measured in self.levels.items():
-            measured.restart(saved.pop(key, None))
-        self.saved_levels = saved
+    def restore_levels(self, saved: dict[str, dict[str, Any]]) -> None:
+        """Each step's density saved in ``saved`` (:meth:`level_states`) taken as its own (before
+        its trace: at it); the others kept, as the torch adapters keep theirs."""
+        for key, state in saved.items():
+            if key in self.levels:
+                self.levels[key].density = Density.from_state(state)
+            else:
+                self.saved_levels[key] = state
+
+    def restart_levels(self) -> None:
+        """Every density rule starts again (:meth:`Density.restart`); the next step is not measured."""
+        for measured in self.levels.values():
+            measured.density.restart()
+            measured.ended = None
+        self.saved_levels = {}
+
+    def new_world(self) -> None:
+        """A Horovod elastic reset: the density rule starts again, planned for the new ranks at
+        the next trace."""
+        self.levels, self.saved_levels = {}, {}
 
     def trace(self, grads: list, variables: list, comm: Collectives, agree: Callable[[float], None]) -> None:
         """Builds the step over every compressible gradient of ``grads`` (their ``variables``
@@ -259,18 +269,18 @@ class TracedStep:
             def run(plan: Plan) -> tuple[StepResult, dict[str, Any]]:
                 result = sgd.step(plan, [flat[n] for n in plan.names], residual, momentum, step.steps,
                                   tf.logical_not(step.checked), [flat[n] for n in plan.dense_names])
-                dense = warm if plan.groups else tf.constant(True)  # the DENSE level counts as a dense step
-                return result, CommStats.amounts(plan, cfg, dense, tf.cast(result.applied, tf.int64),
+                return result, CommStats.amounts(plan, cfg, warm, tf.cast(result.applied, tf.int64),
                                                  (result.routed, result.gathered),
                                                  where=lambda c, w, x: tf.where(c, tf.cast(w, tf.int64),
                                                                                 tf.cast(x, tf.int64)))
 
-            if cfg.adaptive:
+            if cfg.adaptive and flat:
                 level = self.levels.get(key)
-                if level is None:
+                if level is None or (level.ranks, level.allreduce_kind) != (comm.size, comm.allreduce_kind):
                     level = self.levels[key] = MeasuredLevel(cfg, list(zip(plan.all_names, plan.all_sizes)),
                                                              comm.size, comm.allreduce_kind)
-                    level.restart(self.saved_levels.pop(key, None))
+                    if key in self.saved_levels:
+                        level.density = Density.from_state(self.saved_levels.pop(key))
                 result, amounts = level.trace(comm, step.steps, list(flat.values()), run)
             else:
                 result, amounts = run(plan)

@@ -21,6 +21,7 @@ from conftest import ROOT, WORKERS, horovodrun, launcher, rank_env, run_workers,
 
 pytestmark = pytest.mark.slow  # every test here launches processes
 
+FIRST_DECISION = 7  # steps at the dense level before the rule's first decision (tests/test_density.py)
 DEADLINE = 300  # seconds for the whole job, resets and start-ups included
 # How much lower the faulted demo's held-out accuracy may end than the uninterrupted run's: where
 # the kill and the add land is timing, and repeats of the faulted run spread over 0.944-0.962
@@ -30,8 +31,9 @@ ACCURACY_BAND = 0.04
 
 
 def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int,
-                remove_at: int = 0) -> list[list[dict]]:
-    """Runs the scenario; returns each process's events in order (the killed one's included)."""
+                remove_at: int = 0, options: str = "") -> list[list[dict]]:
+    """Runs the scenario (GsSketch's ``options`` as JSON; default the worker's fixed ratio);
+    returns each process's events in order (the killed one's included)."""
     hosts = out / "hosts"
     hosts.write_text("localhost:1\n127.0.0.1:1\n")
     discover = out / "discover.sh"
@@ -40,7 +42,7 @@ def elastic_run(out: Path, framework: str, kill_at: int, add_at: int, steps: int
     cmd = [launcher("horovodrun"), "--gloo", "-np", "2", "--min-np", "1", "--max-np", "3",
            "--host-discovery-script", str(discover), "--gloo-timeout-seconds", "120",
            sys.executable, str(WORKERS / "elastic_scenarios.py"), str(out), framework, str(hosts),
-           str(kill_at), str(add_at), str(steps), str(remove_at)]
+           str(kill_at), str(add_at), str(steps), str(remove_at), *([options] if options else [])]
     env = rank_env()
     env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=DEADLINE)
@@ -131,6 +133,26 @@ def test_the_job_finishes_with_every_rank_alike(kill_then_add):
     done = of(survivor, "done") + of(joiner, "done")
     assert [d["ranks"] for d in done] == [2, 2] and done[0]["step"] == done[1]["step"] >= 24
     assert done[0]["model"] == done[1]["model"]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_the_density_rule_starts_again_in_every_world(tmp_path, framework):
+    """The defaults (``ratio="auto"``) with a budget no sparse level fits (so the rule's choice
+    does not depend on the machine: the sparsest after its first window), a worker killed after
+    step 8 and a slot added after step 14: each world of two ranks starts dense and takes the
+    sparsest level at its first decision, alike on every rank, and the job finishes alike."""
+    processes = elastic_run(tmp_path, framework, kill_at=8, add_at=14, steps=30,
+                            options='{"budget": 1e-9, "min_size": 64}')
+    survivor, killed, joiner = split((framework, processes))
+    first = [e["density"] for e in of(survivor, "stepped") if e["step"] <= 8 and e["ranks"] == 2]
+    assert first == [1.0] * FIRST_DECISION + [0.001] * (len(first) - FIRST_DECISION) and len(first) > FIRST_DECISION, \
+        first
+    added = of(joiner, "synced")[0]["step"]
+    for process in (survivor, joiner):
+        after = [e["density"] for e in of(process, "stepped") if e["step"] > added]
+        assert after[:FIRST_DECISION] == [1.0] * FIRST_DECISION and set(after[FIRST_DECISION:]) == {0.001}, after
+    done = of(survivor, "done") + of(joiner, "done")
+    assert [d["ranks"] for d in done] == [2, 2] and done[0]["model"] == done[1]["model"]
 
 
 def test_a_reset_before_any_commit_rolls_back_to_zeros(tmp_path):

@@ -108,7 +108,8 @@ def schedule(level: float, step: int, ramp: int, critical: bool) -> float:
 
 @dataclass
 class Density:
-    """The density state of one :class:`~gs_horovod.engine.state.EngineState` (saved in its
+    """The density state of one :class:`~gs_horovod.engine.state.EngineState` or, under
+    TensorFlow, one traced step's :class:`~gs_horovod.tf_step.MeasuredLevel` (saved in their
     checkpoints, :meth:`state_dict`).
 
     level: the fraction of D the next step sends (a :data:`CHOICES` value; DENSE: all of it in
@@ -155,6 +156,11 @@ class Density:
         self.link += exchange if link is None else link
         self.norm += norm
 
+    def window(self) -> np.ndarray:
+        """This rank's window as the (5,) float64 the ranks share: [compute, exchange, link, steps,
+        norm] sums."""
+        return np.array([self.compute, self.exchange, self.link, self.measured, self.norm], dtype=np.float64)
+
     def decide(self, share: Callable[[np.ndarray], np.ndarray], wire: Callable[[float], float],
                budget: float, step: int = 0, ramp: int = 0, critical: float = 0.0) -> float:
         """Ends the window under ``budget``: ``share`` gathers every rank's (5,) [compute, exchange,
@@ -163,8 +169,7 @@ class Density:
         :func:`schedule` at ``step`` steps applied, with the ``ramp`` and, where ``critical`` η > 0,
         the regime from the ranks' mean gradient norm), the same on every rank. Returns the new
         level."""
-        local = np.array([self.compute, self.exchange, self.link, self.measured, self.norm], dtype=np.float64)
-        every = np.asarray(share(local), dtype=np.float64).reshape(-1, 5)
+        every = np.asarray(share(self.window()), dtype=np.float64).reshape(-1, 5)
         steps = np.maximum(every[:, 3], 1.0)
         if not self.forced or self.level == DENSE:  # a sparse level the schedule forced: not the rule's to learn
             self.seconds[self.level] = float((every[:, 1] / steps).min())

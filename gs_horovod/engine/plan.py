@@ -130,6 +130,14 @@ class Plan:
         return cls.build([n for n, _ in big], [d for _, d in big], config, tuple(n for n, _ in small),
                          tuple(d for _, d in small), ranks=ranks, allreduce_kind=allreduce_kind, level=level)
 
+    @classmethod
+    def wire_bytes(cls, named: list[tuple[str, int]], config: GsConfig, *, ranks: int, allreduce_kind: str,
+                   level: float) -> float:
+        """Wire bytes through the busiest rank of one step of ``named`` at density ``level``
+        (:meth:`split`'s plan, its :meth:`collectives` through :func:`total_wire_bytes`)."""
+        plan = cls.split(named, config, ranks=ranks, allreduce_kind=allreduce_kind, level=level)
+        return total_wire_bytes(plan.collectives(config), ranks)
+
     @property
     def dense_dtype(self) -> str:
         """The dtype a dense step sends: "float16" at the DENSE level, else "float32" (warm-up,

@@ -6,8 +6,9 @@ hands out each tensor's slice of the update, so that an adapter only translates.
 TensorFlow keeps the same quantities in graph variables instead: Horovod traces its step
 inside a ``tf.function``, where a new residual must be assigned to a variable the trace
 captured, not swapped for a new buffer as here. It shares the plan rule
-(:meth:`Plan.split`), the accounting (:meth:`CommStats.amounts`) and the restore check
-(:func:`check_restored`) with this module.
+(:meth:`Plan.split`), the accounting (:meth:`CommStats.amounts`), the restore check
+(:func:`check_restored`) and the density rule (:class:`~gs_horovod.engine.density.Density`)
+with this module.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..array_ops import Array, ArrayOps
-from ..transports.collective_cost import total_wire_bytes
 from .config import GsConfig
 from .density import DENSE, Density
 from .payload import Payload
@@ -295,8 +295,8 @@ class EngineState:
         comm, config = self.sgd.comm, self.sgd.config
         key = (tuple(named), level, comm.size, comm.allreduce_kind)
         if key not in self._wires:
-            plan = Plan.split(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind, level=level)
-            self._wires[key] = total_wire_bytes(plan.collectives(config), comm.size)
+            self._wires[key] = Plan.wire_bytes(named, config, ranks=comm.size, allreduce_kind=comm.allreduce_kind,
+                                               level=level)
         return self._wires[key]
 
     def restart_density(self) -> None:

@@ -64,7 +64,7 @@ def sha(arrays: list[np.ndarray]) -> str:
 class TorchJob:
     """The digits MLP under horovod.torch: ``TorchState(model, optimizer, step=0, gs=gs)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, Any]) -> None:
         import horovod.torch as hvd
         import torch
         from torch_scenarios import mlp
@@ -77,7 +77,7 @@ class TorchJob:
         x, y = digits()
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
         self.model = mlp(0)
-        self.gs = GsSketch(**OPTIONS)
+        self.gs = GsSketch(**options)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=0.1),
                                        named_parameters=self.model.named_parameters(), compression=self.gs)
         self.state = hvd.elastic.TorchState(self.model, opt, step=0, gs=self.gs)
@@ -111,7 +111,7 @@ class TfJob:
     step=0)``; the step is a ``tf.function`` around a DistributedGradientTape, built again by a
     reset callback."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, Any]) -> None:
         os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
         import horovod.tensorflow as hvd
         import tensorflow as tf
@@ -126,7 +126,7 @@ class TfJob:
                                           tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
         self.opt = tf.keras.optimizers.SGD(0.1)
         self.opt.apply_gradients([(tf.zeros_like(v), v) for v in self.model.trainable_variables])  # its variables
-        self.gs = GsSketch(**OPTIONS)
+        self.gs = GsSketch(**options)
         self.traced = self.trace()
         self.state = GsKerasState(self.model, self.opt, compression=self.gs, step=0)
         self.stale: Callable[..., Any] | None = None
@@ -175,8 +175,10 @@ class TfJob:
 
 
 def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at: int, steps: int,
-            remove_at: int = 0) -> None:
-    job = TorchJob() if framework == "torch" else TfJob()
+            remove_at: int = 0, options: str = "") -> None:
+    """``options``: GsSketch's as JSON (default :data:`OPTIONS`)."""
+    options = json.loads(options) if options else OPTIONS
+    job = TorchJob(options) if framework == "torch" else TfJob(options)
     hvd, gs = job.hvd, job.gs
     events = Path(out_dir) / f"events.{os.getpid()}.jsonl"
 
@@ -206,6 +208,7 @@ def elastic(out_dir: str, framework: str, hosts_file: str, kill_at: int, add_at:
             taken += 1
             job.step(state.step)
             state.step += 1
+            log("stepped", step=state.step, ranks=hvd.size(), density=gs.stats.density)
             if first:
                 log("planned", ranks=hvd.size(), rank=hvd.rank(), plans=hvd.allgather_object(job.plan()))
                 first = False
@@ -235,7 +238,7 @@ def commit_alone(out_dir: str) -> None:
     rank's next step raises."""
     from idioms import caught
 
-    job = TorchJob()
+    job = TorchJob(OPTIONS)
     job.gs.checkpoint_timeout = 3.0
     job.step(0)
     result: dict[str, Any] = {"rank": job.hvd.rank()}
@@ -249,4 +252,4 @@ if __name__ == "__main__":
     if sys.argv[2:] == ["commit_alone"]:
         commit_alone(sys.argv[1])
     else:
-        elastic(sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:]))
+        elastic(sys.argv[1], sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8]), *sys.argv[8:9])
