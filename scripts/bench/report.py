@@ -630,18 +630,20 @@ def demo_table(docs: Path) -> str:
 
 @block("tf.digits")
 def tf_digits(docs: Path) -> str:
-    """``train_tf.py`` on the digits at 2 ranks, GsSketch and dense, from
-    ``docs/tensorflow_digits_P2_{gs,none}.json``."""
-    lines = ["| run | final held-out accuracy (best) | bytes / step / rank | wire bytes / step | training s "
+    """``train_tf.py`` on the digits at 2 ranks, GsSketch and dense, unshaped (loopback) from
+    ``docs/tensorflow_digits_P2_{gs,none}.json`` and over a shaped 100 Mbit/s link from
+    ``docs/tensorflow_digits_P2_100mbit_{gs,fp16,none}.json``."""
+    lines = ["| link | run | final held-out accuracy (best) | bytes / step / rank | wire bytes / step | training s "
              "| first epoch s | steps/s |",
-             "|---|---|---|---|---|---|---|"]
-    for name in ("none", "gs"):
+             "|---|---|---|---|---|---|---|---|"]
+    for link, name in (("unshaped", "none"), ("unshaped", "gs"), ("100 Mbit/s", "100mbit_none"),
+                       ("100 Mbit/s", "100mbit_fp16"), ("100 Mbit/s", "100mbit_gs")):
         d = load(docs, f"tensorflow_digits_P2_{name}.json")
         h = d["history"]
         steps = sum(e["steps"] for e in h)
         flags = f"--compression {d['args']['compression']}" + (
             f" --ratio {d['args']['ratio']:g}" if d["args"].get("ratio") is not None else "")
-        lines.append(f"| `{flags}` | {h[-1]['accuracy']:.4f} "
+        lines.append(f"| {link} | `{flags}` | {h[-1]['accuracy']:.4f} "
                      f"({max(e['accuracy'] for e in h):.4f}) | {h[-1]['bytes_per_step']:,.0f} "
                      f"| {h[-1]['wire_bytes_per_step']:,.0f} | {d['seconds']:.0f} | {h[0]['seconds']:.1f} "
                      f"| {steps / d['seconds']:.1f} |")
