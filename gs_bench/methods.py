@@ -54,10 +54,11 @@ class Meter:
         return cls(traffic.ranks, lambda: traffic.last_step, traffic.per_step)
 
     @classmethod
-    def of_gs(cls, stats: CommStats, ranks: int, allreduce_kind: str = "allreduce") -> Meter:
-        """gs-SGD's meter from its :class:`CommStats`: per step (means so far) its collectives
-        as :func:`gs_horovod.engine.collectives_of` lays them out, the allreduces as ``allreduce_kind``."""
-        return cls(ranks, lambda: collectives_of(stats.per_step(), allreduce_kind))
+    def of_gs(cls, stats: Callable[[], CommStats], ranks: int, allreduce_kind: str = "allreduce") -> Meter:
+        """gs-SGD's meter from its :class:`CommStats` as ``stats()`` reads them now: per step
+        (means so far) its collectives as :func:`gs_horovod.engine.collectives_of` lays them out,
+        the allreduces as ``allreduce_kind``."""
+        return cls(ranks, lambda: collectives_of(stats().per_step(), allreduce_kind))
 
 
 class Method:
@@ -163,7 +164,7 @@ class Gs(Method):
 
         gs = GsSketch(**_ratio(ratio), **_current_names(options))
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=gs)
-        return opt, Meter.of_gs(gs.stats, hvd.size(), allreduce_kind(gs.transport))
+        return opt, Meter.of_gs(lambda: gs.stats, hvd.size(), allreduce_kind(gs.transport))
 
     def planned(self, options: dict[str, Any], shapes: Shapes, ranks: int,
                 ratio: Optional[float] = None) -> list[Collective]:
@@ -188,7 +189,7 @@ class Gs(Method):
 
         state = GsState(model=module, **_ratio(ratio), **options)
         ddp_model.register_comm_hook(state, gs_hook)
-        return Meter.of_gs(state.stats, dist.get_world_size())
+        return Meter.of_gs(lambda: state.stats, dist.get_world_size())
 
     def tensorflow(self, ratio: Optional[float], options: dict[str, Any]) -> Any:
         from gs_horovod.tensorflow import GsSketch

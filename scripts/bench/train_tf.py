@@ -26,7 +26,6 @@ from gs_bench.cli import Report, demo_arguments, method_options  # noqa: E402
 from gs_bench.methods import METHODS, Meter  # noqa: E402
 from gs_bench.workloads import digits_shard  # noqa: E402
 from gs_horovod.compressor import allreduce_kind  # noqa: E402
-from gs_horovod.engine import collectives_of  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,8 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     compression = method.tensorflow(ratio, options)
     shapes = [tuple(v.shape) for v in sorted(model.trainable_variables, key=lambda v: v.name)]
     if hasattr(compression, "stats"):  # GsSketch: what it sent, counted (ratio="auto" moves with the step)
-        kind = allreduce_kind(compression.transport)
-        meter = Meter(hvd.size(), lambda: collectives_of(compression.stats.per_step(), kind))
+        meter = Meter.of_gs(lambda: compression.stats, hvd.size(), allreduce_kind(compression.transport))
     else:
         planned = method.planned(options, shapes, hvd.size(), ratio)
         meter = Meter(hvd.size(), lambda: planned)
