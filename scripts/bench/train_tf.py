@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> dict:
     method, (ratio, options) = METHODS[args.compression], method_options(args)
     method.check(ratio, options)
     compression = method.tensorflow(ratio, options)
-    shapes = [tuple(v.shape) for v in sorted(model.trainable_variables, key=lambda v: v.name)]
     if hasattr(compression, "stats"):  # GsSketch: what it sent, counted (ratio="auto" moves with the step)
         meter = Meter.of_gs(lambda: compression.stats, hvd.size(), allreduce_kind(compression.transport))
     else:
+        shapes = [tuple(v.shape) for v in sorted(model.trainable_variables, key=lambda v: v.name)]
         planned = method.planned(options, shapes, hvd.size(), ratio)
         meter = Meter(hvd.size(), lambda: planned)
     dense_bytes = sum(v.shape.num_elements() * 4 for v in model.trainable_variables)
